@@ -1,0 +1,41 @@
+"""The `plscale` command. Host-side only: nothing here imports torch or deepspeed at start-up."""
+
+import sys
+
+import typer
+
+from plscale import __version__
+from plscale.cli import config, doctor, lab
+from plscale.cli.output import make_console
+from plscale.errors import UserError
+
+app = typer.Typer(help="Hands-on labs for LLM parallelism, backed by DeepSpeed.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+app.add_typer(lab.app, name="lab")
+app.add_typer(config.app, name="config")
+app.command("doctor")(doctor.doctor)
+app.command("report")(lab.report)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"plscale {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                        help="Print the version and exit.")) -> None:
+    """Hands-on labs for LLM parallelism, backed by DeepSpeed."""
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as exc:
+        make_console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

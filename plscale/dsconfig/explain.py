@@ -1,0 +1,67 @@
+"""What each DeepSpeed setting does to memory, communication and speed, for `config diff`."""
+
+from plscale.settings import flatten
+
+# Longest matching dotted prefix wins.
+MEANING = {
+    "zero_optimization.stage": "ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters "
+                               "across data-parallel ranks. Higher stage: less memory per rank; stage 3 adds "
+                               "an all-gather of parameters in forward and backward (about 1.5x the traffic).",
+    "zero_optimization.offload_optimizer": "Optimizer states and the Adam step move to CPU memory: frees "
+                                           "12 bytes/param of GPU memory, costs PCIe traffic and CPU time per step.",
+    "zero_optimization.offload_param": "Parameters live in CPU memory and are fetched per layer: frees the "
+                                       "remaining GPU parameter memory, slows every forward and backward.",
+    "zero_optimization.reduce_bucket_size": "Elements reduced per collective: larger buckets mean fewer, more "
+                                            "efficient calls but a larger temporary buffer.",
+    "zero_optimization.allgather_bucket_size": "Elements all-gathered per collective: same trade-off as the "
+                                               "reduce bucket.",
+    "zero_optimization.overlap_comm": "Overlap gradient reduction with backward compute: faster steps, "
+                                      "more buffer memory.",
+    "zero_optimization.contiguous_gradients": "Copy gradients into one contiguous buffer: less fragmentation, "
+                                              "one extra copy.",
+    "zero_optimization.stage3": "ZeRO-3 prefetch/persistence tuning: trades memory for fewer, earlier all-gathers.",
+    "train_batch_size": "Global batch (micro x accumulation x ranks): changes the optimization itself.",
+    "train_micro_batch_size_per_gpu": "Samples per rank per forward: activation memory grows with it; "
+                                      "larger micro batches use the hardware better.",
+    "gradient_accumulation_steps": "Micro-batches per optimizer step: a larger global batch at the same "
+                                   "activation memory; gradient all-reduce happens once per step.",
+    "gradient_clipping": "Clip the global gradient norm: stability; needs one extra norm reduction.",
+    "optimizer": "Optimizer and its hyperparameters: Adam keeps two fp32 moments (8 bytes/param).",
+    "optimizer.params.torch_adam": "Use torch's Adam instead of DeepSpeed's fused kernel: no JIT build, "
+                                   "slower on GPUs.",
+    "scheduler": "Learning-rate schedule: changes the optimization, not memory or communication.",
+    "fp16": "fp16 mixed precision: halves parameter/activation bytes and uses tensor cores; needs loss scaling.",
+    "bf16": "bf16 mixed precision: halves parameter/activation bytes, fp32's range so no loss scaling.",
+    "activation_checkpointing": "Recompute activations in backward: activation memory drops to one per layer "
+                                "boundary, compute rises by about a third.",
+    "pipeline": "Pipeline-parallel settings: activation checkpoint interval between stages.",
+    "comms_logger": "Log every collective's size and time: a little overhead, a table of communication.",
+    "flops_profiler": "Profile FLOPs and latency of one step: overhead on the profiled step only.",
+    "steps_per_print": "How often DeepSpeed prints its own step line: no effect on training.",
+    "wall_clock_breakdown": "Time forward, backward and step separately: adds synchronisation, slows steps.",
+}
+
+
+def meaning(key: str) -> str:
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in MEANING:
+            return MEANING[prefix]
+        for known, text in MEANING.items():  # stage3_* keys share one explanation
+            if prefix.startswith(known) and known.endswith("stage3"):
+                return text
+    return "Not explained by plscale; see the DeepSpeed config documentation."
+
+
+def diff(a: dict, b: dict) -> list[tuple[str, object, object, str]]:
+    """(key, value in a, value in b, what it means) for every key that differs."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    missing = object()
+    rows = []
+    for key in sorted(set(flat_a) | set(flat_b)):
+        va, vb = flat_a.get(key, missing), flat_b.get(key, missing)
+        if va != vb:
+            rows.append((key, "(unset)" if va is missing else va, "(unset)" if vb is missing else vb,
+                         meaning(key)))
+    return rows

@@ -1,0 +1,144 @@
+"""A typed spec of the DeepSpeed settings the labs use, turned into DeepSpeed JSON.
+
+The batch triple is kept consistent: DeepSpeed requires
+    train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size
+so the spec stores micro batch and accumulation, and writes train_batch_size only when
+the world size is known (DeepSpeed derives it otherwise).
+"""
+
+from dataclasses import asdict, dataclass, fields
+
+from plscale.errors import UserError, did_you_mean
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("AdamW", "Adam")  # others: pass a client optimizer to deepspeed.initialize
+SCHEDULERS = (None, "WarmupLR", "WarmupCosineLR")
+
+
+@dataclass
+class DSSpec:
+    stage: int = 0                       # ZeRO stage 0-3
+    offload_optimizer: bool = False      # optimizer states (and the step) on the CPU
+    offload_param: bool = False          # parameters on the CPU (stage 3 only)
+    precision: str = "fp32"              # fp32 | bf16 | fp16
+    loss_scale: float = 0.0              # fp16 only: 0 = dynamic loss scaling
+    initial_scale_power: int = 16        # fp16 dynamic scaling starts at 2**this
+    micro_batch: int = 8                 # samples per rank per forward/backward
+    grad_accum: int = 1                  # micro-batches per optimizer step
+    world_size: int = 0                  # 0 = unknown: train_batch_size left to DeepSpeed
+    grad_clip: float = 1.0               # 0 disables clipping
+    optimizer: str = "AdamW"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    torch_adam: bool = True              # torch's Adam: no JIT build; False = DeepSpeed's fused kernel
+    scheduler: str | None = None
+    warmup_steps: int = 0
+    total_steps: int = 0                 # WarmupCosineLR needs it
+    bucket_size: int = 50_000_000        # reduce/all-gather bucket (elements); small on CPU
+    overlap_comm: bool = False
+    contiguous_gradients: bool = True
+    activation_checkpointing: bool = False
+    comms_logger: bool = False
+    flops_profiler: bool = False
+    pipe_activation_interval: int = 0    # pipeline: activation checkpoint every k layers
+    steps_per_print: int = 1_000_000     # keep DeepSpeed's own step log quiet; plscale prints
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "DSSpec":
+        names = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in names:
+                raise UserError(f"Unknown DeepSpeed setting {key!r}.{did_you_mean(key, names)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise UserError(f"ZeRO stage {self.stage} does not exist: use 0, 1, 2 or 3.")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"Precision {self.precision!r} is not one of {', '.join(PRECISIONS)}.")
+        if self.offload_param and self.stage != 3:
+            raise UserError(f"Parameter offload needs ZeRO stage 3 (got stage {self.stage}): "
+                            "set stage=3 or drop offload_param.")
+        if self.offload_optimizer and self.stage == 0:
+            raise UserError("Optimizer offload needs ZeRO stage 1, 2 or 3 (got stage 0).")
+        for name in ("micro_batch", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"Optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}.")
+        if self.scheduler not in SCHEDULERS:
+            raise UserError(f"Scheduler {self.scheduler!r} is not one of WarmupLR, WarmupCosineLR or null.")
+        if self.scheduler == "WarmupCosineLR" and self.total_steps < 1:
+            raise UserError("WarmupCosineLR needs total_steps >= 1.")
+
+
+def build(spec: DSSpec) -> dict:
+    """The DeepSpeed JSON (as a dict) for a spec."""
+    spec.validate()
+    config = {
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.grad_accum,
+    }
+    if spec.world_size:
+        config["train_batch_size"] = spec.micro_batch * spec.grad_accum * spec.world_size
+    # Always explicit: DeepSpeed clips at 1.0 when the key is absent.
+    config["gradient_clipping"] = spec.grad_clip
+    config["optimizer"] = _optimizer(spec)
+    if spec.scheduler:
+        config["scheduler"] = _scheduler(spec)
+    if spec.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    elif spec.precision == "fp16":
+        config["fp16"] = {"enabled": True, "loss_scale": spec.loss_scale,
+                          "initial_scale_power": spec.initial_scale_power,
+                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+    config["zero_optimization"] = _zero(spec)
+    if spec.activation_checkpointing:
+        config["activation_checkpointing"] = {"partition_activations": spec.stage == 3,
+                                              "contiguous_memory_optimization": False,
+                                              "cpu_checkpointing": False}
+    if spec.pipe_activation_interval:
+        config["pipeline"] = {"activation_checkpoint_interval": spec.pipe_activation_interval}
+    if spec.comms_logger:
+        config["comms_logger"] = {"enabled": True, "verbose": False, "prof_all": True, "debug": False}
+    if spec.flops_profiler:
+        config["flops_profiler"] = {"enabled": True, "profile_step": 2, "module_depth": -1,
+                                    "top_modules": 1, "detailed": False}
+    config["steps_per_print"] = spec.steps_per_print
+    config["wall_clock_breakdown"] = False
+    return config
+
+
+def _optimizer(spec: DSSpec) -> dict:
+    params = {"lr": spec.lr, "weight_decay": spec.weight_decay, "betas": [0.9, 0.999], "eps": 1e-8}
+    # Offloaded optimizers run DeepSpeed's CPU Adam; elsewhere torch's Adam needs no JIT build.
+    if spec.torch_adam and not spec.offload_optimizer:
+        params["torch_adam"] = True
+    return {"type": spec.optimizer, "params": params}
+
+
+def _scheduler(spec: DSSpec) -> dict:
+    if spec.scheduler == "WarmupLR":
+        return {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": spec.lr,
+                                               "warmup_num_steps": spec.warmup_steps}}
+    return {"type": "WarmupCosineLR", "params": {"total_num_steps": spec.total_steps,
+                                                 "warmup_num_steps": spec.warmup_steps}}
+
+
+def _zero(spec: DSSpec) -> dict:
+    zero = {"stage": spec.stage}
+    if spec.stage >= 1:
+        zero.update({"reduce_bucket_size": spec.bucket_size, "allgather_bucket_size": spec.bucket_size,
+                     "overlap_comm": spec.overlap_comm, "contiguous_gradients": spec.contiguous_gradients})
+    if spec.stage == 3:
+        zero.update({"stage3_prefetch_bucket_size": spec.bucket_size,
+                     "stage3_param_persistence_threshold": 10_000})
+        zero.pop("allgather_bucket_size")
+    if spec.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if spec.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    return zero

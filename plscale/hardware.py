@@ -1,0 +1,48 @@
+"""What the host has, found without importing torch: GPUs (nvidia-smi), cores, the hub."""
+
+import os
+import shutil
+import socket
+import subprocess
+
+
+def cuda_gpus() -> list[str]:
+    """Names of the visible NVIDIA GPUs, from `nvidia-smi -L` (empty when there are none)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return []
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gpus = [line.split(":", 1)[1].split("(")[0].strip() for line in out.splitlines() if line.startswith("GPU ")]
+    if visible:
+        keep = [int(i) for i in visible.split(",") if i.strip().isdigit()]
+        gpus = [gpus[i] for i in keep if i < len(gpus)]
+    return gpus
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """True when the Hugging Face hub answers a TCP connect; honours HF_HUB_OFFLINE=1."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

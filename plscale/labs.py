@@ -1,0 +1,108 @@
+"""The lab registry: every labs/NN_slug/lab.yaml, and lookup by id, alias or variant.
+
+A lab is named on the command line by its id (`mnist-pseudo-dp`), an alias
+(`mnist-dp`), its number (`1`), or a variant alias that picks a variant too (`zero2`).
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from plscale.errors import UserError, did_you_mean
+
+REQUIRED = ("id", "title", "sections", "entry", "ranks", "settings")
+
+
+def labs_root() -> Path:
+    return Path(os.environ.get("PLSCALE_LABS_DIR", Path(__file__).resolve().parents[1] / "labs"))
+
+
+@dataclass
+class Variant:
+    name: str
+    overrides: dict = field(default_factory=dict)
+    aliases: list = field(default_factory=list)
+    about: str = ""
+    launcher: str | None = None  # a variant may require a launcher (e.g. torchrun for DDP)
+
+
+@dataclass
+class Lab:
+    id: str
+    number: int
+    folder: Path
+    title: str
+    sections: list
+    entry: str
+    default_ranks: int
+    allowed_ranks: list
+    settings: dict
+    variants: dict
+    default_variant: str
+    aliases: list = field(default_factory=list)
+    cpu_minutes: float = 1.0
+    gpu_required: bool = False
+    predicts: list = field(default_factory=list)
+    data: str | None = None  # the dataset, so the host can check --data-dir before launching
+
+    @property
+    def entry_path(self) -> Path:
+        return self.folder / self.entry
+
+    def variant(self, name: str | None) -> Variant:
+        name = name or self.default_variant
+        for variant in self.variants.values():
+            if name == variant.name or name in variant.aliases:
+                return variant
+        raise UserError(f"Lab {self.id!r} has no variant {name!r}.{did_you_mean(name, self.variants)} "
+                        f"Variants: {', '.join(self.variants)}.")
+
+
+def load_lab(folder: Path) -> Lab:
+    path = folder / "lab.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"Cannot read {path}: {exc}. Fix the manifest (see labs/README.md).") from None
+    missing = [key for key in REQUIRED if key not in raw]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)}. Add them (see labs/README.md).")
+    variants = {"default": Variant("default")}
+    for name, spec in (raw.get("variants") or {}).items():
+        spec = spec or {}
+        variants[name] = Variant(name, spec.get("overrides") or {}, spec.get("aliases") or [],
+                                 spec.get("about", ""), spec.get("launcher"))
+    ranks = raw["ranks"]
+    return Lab(
+        id=raw["id"], number=int(folder.name.split("_")[0]), folder=folder, title=raw["title"],
+        sections=raw["sections"], entry=raw["entry"], default_ranks=int(ranks["default"]),
+        allowed_ranks=[int(n) for n in ranks["allowed"]], settings=raw["settings"],
+        variants=variants, default_variant=raw.get("default_variant", "default"),
+        aliases=raw.get("aliases") or [], cpu_minutes=float(raw.get("cpu_minutes", 1)),
+        gpu_required=bool(raw.get("gpu_required", False)), predicts=raw.get("predicts") or [],
+        data=raw.get("data"),
+    )
+
+
+def all_labs() -> list[Lab]:
+    root = labs_root()
+    folders = sorted(p for p in root.iterdir() if (p / "lab.yaml").is_file()) if root.is_dir() else []
+    return [load_lab(folder) for folder in folders]
+
+
+def find(name: str) -> tuple[Lab, Variant]:
+    """Resolve a name to (lab, variant). Unknown names get the nearest ids."""
+    labs = all_labs()
+    for lab in labs:
+        if name in (lab.id, lab.folder.name, *lab.aliases) or name.lstrip("0") == str(lab.number):
+            return lab, lab.variant(None)
+    for lab in labs:
+        for variant in lab.variants.values():
+            if name in variant.aliases:
+                return lab, variant
+    names = [n for lab in labs for n in (lab.id, *lab.aliases,
+                                         *(a for v in lab.variants.values() for a in v.aliases))]
+    raise UserError(f"No lab named {name!r}.{did_you_mean(name, names)} "
+                    f"List them with `plscale lab list`.")

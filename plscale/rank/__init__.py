@@ -1,0 +1,1 @@
+"""What runs inside each rank: distributed init, logs, metrics, data and model builders."""

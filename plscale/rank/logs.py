@@ -1,0 +1,55 @@
+"""One log per rank: rank 0 writes to the console and rank_0.log, the others only to their
+log (so the console stays readable). A crash leaves rank_N.error for the launcher."""
+
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from plscale.errors import UserError
+
+
+class _Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for stream in self.streams:
+            stream.write(text)
+            stream.flush()
+        return len(text)
+
+    def flush(self):
+        for stream in self.streams:
+            stream.flush()
+
+    def isatty(self):
+        return False
+
+
+def setup(run_dir: Path, rank: int) -> None:
+    log = open(run_dir / f"rank_{rank}.log", "a", buffering=1)
+    if rank == 0:
+        sys.stdout = _Tee(sys.__stdout__, log)
+        sys.stderr = _Tee(sys.__stderr__, log)
+    else:  # at the file-descriptor level, so C++ and library output lands there too
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    for name in ("DeepSpeed", "deepspeed"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    def excepthook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        (run_dir / f"rank_{rank}.error").write_text(text)
+        if issubclass(kind, UserError):
+            print(f"error: {value}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(value.exit_code)
+        sys.__excepthook__(kind, value, tb)
+        sys.stderr.flush()
+        os._exit(1)  # do not hang in collectives the other ranks will never join
+
+    sys.excepthook = excepthook

@@ -1,0 +1,110 @@
+"""Start and finish a lab inside each rank.
+
+    ctx = runtime.start(__file__)   # args, settings, distributed init, seed, logs, run dir
+    ...                             # the lesson
+    ctx.finish(figures)             # summary.json, then a clean shutdown
+
+Works under `plscale lab run`, the plain `deepspeed` launcher and `torchrun`: without
+--run-dir the ranks make one under runs/ themselves.
+"""
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from plscale.dsconfig.check import load as load_ds_config
+from plscale.dsconfig.spec import DSSpec, build
+from plscale.labs import load_lab
+from plscale.rank import distributed, logs
+from plscale.rank.metrics import Metrics
+from plscale.rank.system import describe
+from plscale.rundir import new_run_dir, write_json
+from plscale.settings import resolve
+
+
+@dataclass
+class Context:
+    lab: str
+    variant: str
+    settings: dict
+    ds_config: dict
+    run_dir: Path
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    metrics: Metrics
+    checks: list = field(default_factory=list)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def log(self, *args) -> None:
+        if self.is_main:
+            print(*args, flush=True)
+
+    def check(self, name: str, ok: bool, detail: str) -> None:
+        """A property the lab asserts; a failed check makes the run exit 1."""
+        self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
+        self.log(f"  [{'ok' if ok else 'FAIL'}] {name}: {detail}")
+
+    def finish(self, figures: list, **extra) -> None:
+        passed = all(c["ok"] for c in self.checks)
+        self.metrics.summary(self.lab, self.variant, figures, checks=self.checks, passed=passed,
+                             world_size=self.world_size, backend=self.backend, **extra)
+        distributed.shutdown()
+        if not passed:
+            sys.exit(1)
+
+
+def _args(argv):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variant", default=None)
+    parser.add_argument("--run-dir", default=os.environ.get("PLSCALE_RUN_DIR"))
+    parser.add_argument("--ds-config", default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--set", dest="sets", action="append", default=[])
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None)  # from the deepspeed launcher
+    return parser.parse_args(argv)
+
+
+def start(entry_file: str, argv=None) -> Context:
+    args = _args(sys.argv[1:] if argv is None else argv)
+    if args.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    lab = load_lab(Path(entry_file).resolve().parent)
+    variant = lab.variant(args.variant)
+    sets = list(args.sets) + ([f"train.steps={args.steps}"] if args.steps is not None else [])
+    settings = resolve(lab.settings, variant.overrides, sets)
+
+    d = distributed.init()
+    run_dir = Path(args.run_dir) if args.run_dir else _shared_run_dir(lab.id, variant.name, d.rank)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs.setup(run_dir, d.rank)
+    distributed.seed_everything(int(settings.get("seed", 0)))
+
+    if args.ds_config:
+        ds_config = load_ds_config(args.ds_config)
+    else:
+        ds_config = build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": d.world_size}))
+    if d.rank == 0:
+        write_json(run_dir / "system.json", describe(d.backend, d.world_size))
+        if not (run_dir / "ds_config.json").exists():
+            write_json(run_dir / "ds_config.json", ds_config)
+            write_json(run_dir / "settings.json", {"lab": lab.id, "variant": variant.name, "settings": settings})
+    return Context(lab.id, variant.name, settings, ds_config, run_dir, d.rank, d.world_size, d.local_rank,
+                   d.device, d.backend, Metrics(run_dir, d.rank))
+
+
+def _shared_run_dir(lab_id: str, variant: str, rank: int) -> Path:
+    """Rank 0 picks the run directory and tells the others."""
+    holder = [str(new_run_dir(lab_id, variant)) if rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])

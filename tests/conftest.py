@@ -1,0 +1,57 @@
+"""Shared fixtures: run the real CLI in a subprocess, find the shared datasets."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("PLSCALE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def run_cli(*args, env=None, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    """`plscale ARGS` as a user would run it; stdout and stderr captured as text."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "plscale.cli.main", *map(str, args)], env=full_env,
+                          cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """Run the CLI with runs/ under a temporary folder."""
+
+    def call(*args, env=None, **kwargs):
+        return run_cli(*args, env={"PLSCALE_RUNS_DIR": str(tmp_path / "runs"), **(env or {})}, **kwargs)
+
+    call.runs = tmp_path / "runs"
+    return call
+
+
+def only_run(runs: Path) -> Path:
+    dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def load_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def figures(summary: dict) -> dict:
+    return {f["name"]: f for f in summary["figures"]}
+
+
+@pytest.fixture
+def shared_data():
+    """The path of a dataset under ../shared/data, or skip when it is absent."""
+
+    def find(name: str) -> Path:
+        path = SHARED_DATA / name
+        if not path.is_dir():
+            pytest.skip(f"{path} is absent (shared datasets exist on the project's machines only)")
+        return path
+
+    return find
