@@ -46,6 +46,8 @@ class Lab:
     gpu_required: bool = False
     predicts: list = field(default_factory=list)
     data: str | None = None  # the dataset, so the host can check --data-dir before launching
+    sweep: list = field(default_factory=list)  # variants `--sweep` runs in turn
+    sweep_report: str | None = None            # script run on the sweep directory afterwards
 
     @property
     def entry_path(self) -> Path:
@@ -82,7 +84,8 @@ def load_lab(folder: Path) -> Lab:
         variants=variants, default_variant=raw.get("default_variant", "default"),
         aliases=raw.get("aliases") or [], cpu_minutes=float(raw.get("cpu_minutes", 1)),
         gpu_required=bool(raw.get("gpu_required", False)), predicts=raw.get("predicts") or [],
-        data=raw.get("data"),
+        data=raw.get("data"), sweep=(raw.get("sweep") or {}).get("variants", []),
+        sweep_report=(raw.get("sweep") or {}).get("report"),
     )
 
 

@@ -19,7 +19,7 @@ LAUNCHERS = ("deepspeed", "torchrun")
 @dataclass
 class Options:
     gpus: int | None = None          # ranks per node; None = the lab's default
-    launcher: str = "deepspeed"
+    launcher: str | None = None      # None = the variant's, else deepspeed
     nodes: int = 1
     hostfile: str | None = None
     node_rank: int | None = None
@@ -54,10 +54,12 @@ def _bin(name: str) -> str:
 
 
 def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present: list | None = None) -> Plan:
-    if opts.launcher not in LAUNCHERS:
-        raise UserError(f"Unknown launcher {opts.launcher!r}: use deepspeed or torchrun.")
-    if variant.launcher and variant.launcher != opts.launcher:
-        raise UserError(f"Variant {variant.name!r} runs under {variant.launcher}: add --launcher {variant.launcher}.")
+    launcher = opts.launcher or variant.launcher or "deepspeed"
+    if launcher not in LAUNCHERS:
+        raise UserError(f"Unknown launcher {launcher!r}: use deepspeed or torchrun.")
+    if variant.launcher and variant.launcher != launcher:
+        raise UserError(f"Variant {variant.name!r} runs under {variant.launcher}, not {launcher}: "
+                        f"drop --launcher or use --launcher {variant.launcher}.")
     ranks = lab.default_ranks if opts.gpus is None else opts.gpus
     if ranks < 1:
         raise UserError(f"--gpus {ranks}: a run needs at least 1 rank; try --gpus {lab.default_ranks}.")
@@ -105,7 +107,7 @@ def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present:
     for assignment in opts.sets:
         script += ["--set", assignment]
 
-    if opts.launcher == "deepspeed":
+    if launcher == "deepspeed":
         argv = [_bin("deepspeed")]
         if opts.nodes > 1:
             argv += ["--num_nodes", str(opts.nodes), "--master_addr", opts.master_addr]
@@ -116,4 +118,4 @@ def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present:
         argv = [_bin("torchrun"), "--nnodes", str(opts.nodes), "--nproc_per_node", str(ranks),
                 "--node_rank", str(opts.node_rank or 0), "--master_addr", opts.master_addr,
                 "--master_port", str(port)]
-    return Plan(argv + script, env, ranks, world, device, opts.launcher, notice)
+    return Plan(argv + script, env, ranks, world, device, launcher, notice)

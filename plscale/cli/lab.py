@@ -72,7 +72,7 @@ def run_lab(
     name: str = typer.Argument(..., help="Lab id, alias, number or variant alias (e.g. zero2)."),
     variant: str = typer.Option(None, "--variant", "-v", help="Variant (default: the lab's, or the alias')."),
     gpus: int = typer.Option(None, "--gpus", "-g", help="Ranks per node (GPUs, or CPU processes)."),
-    launcher: str = typer.Option("deepspeed", help="deepspeed or torchrun."),
+    launcher: str = typer.Option(None, help="deepspeed (default) or torchrun; some variants pick one."),
     nodes: int = typer.Option(1, help="Number of nodes."),
     hostfile: str = typer.Option(None, help="DeepSpeed hostfile for several nodes."),
     node_rank: int = typer.Option(None, help="This node's rank (launch on every node, no ssh)."),
@@ -83,11 +83,10 @@ def run_lab(
     sets: list[str] = typer.Option([], "--set", help="Override a setting: key=value (repeatable)."),
     ds_config: str = typer.Option(None, "--ds-config", help="Use this DeepSpeed JSON instead of the generated one."),
     data_dir: str = typer.Option(None, "--data-dir", help="Local dataset files (else PLSCALE_DATA_DIR, hub, fallback)."),
+    sweep: bool = typer.Option(False, "--sweep", help="Run the lab's sweep variants in turn, then its report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
 ) -> None:
     """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo."""
-    from plscale import runner
-
     lab, chosen = labs.find(name)
     chosen = lab.variant(variant) if variant else chosen
     if steps is not None and steps < 1:
@@ -97,14 +96,44 @@ def run_lab(
     datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
                    list(sets), ds_config, data_dir)
-    settings = resolve(lab.settings, chosen.overrides, sets)
+    if not sweep:
+        run_dir = _run_variant(lab, chosen, opts, dry_run)
+        if run_dir:
+            show(run_dir, console)
+        return
+    if not lab.sweep:
+        raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
+    variants = [lab.variant(v) for v in lab.sweep]
+    for v in variants:  # check every variant's plan before running any
+        _run_variant(lab, v, opts, dry_run=True, quiet=not dry_run)
+    if dry_run:
+        return
+    sweep_dir = new_run_dir(lab.id, "sweep")
+    run_dirs = [str(_run_variant(lab, v, opts, dry_run=False)) for v in variants]
+    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": lab.sweep, "runs": run_dirs})
+    if lab.sweep_report:
+        import subprocess
+
+        code = subprocess.call([sys.executable, str(lab.folder / lab.sweep_report), str(sweep_dir)])
+        if code != 0:
+            raise typer.Exit(code)
+    console.print(f"sweep directory: {sweep_dir}")
+
+
+def _run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) -> Path | None:
+    """Plan, write the run directory, run. Everything a user can get wrong fails before
+    anything is written."""
+    from plscale import runner
+
+    settings = resolve(lab.settings, chosen.overrides, opts.sets)
     run_dir = new_run_dir(lab.id, chosen.name, create=False)
     the_plan = plan(lab, chosen, opts, run_dir)
-    config = _ds_config(settings, the_plan.world_size, ds_config)
+    config = _ds_config(settings, the_plan.world_size, opts.ds_config)
     if dry_run:
-        console.print(the_plan.notice)
-        console.print("[bold]command:[/]", the_plan.shell(), markup=True, highlight=False, soft_wrap=True)
-        return
+        if not quiet:
+            console.print(the_plan.notice)
+            console.print("[bold]command:[/]", the_plan.shell(), highlight=False, soft_wrap=True)
+        return None
     run_dir.mkdir(parents=True)
     write_json(run_dir / "ds_config.json", config)
     write_json(run_dir / "settings.json", {"lab": lab.id, "variant": chosen.name, "settings": settings})
@@ -115,7 +144,7 @@ def run_lab(
     code = runner.run(the_plan, run_dir, console)
     if code != 0:
         raise typer.Exit(code)
-    show(run_dir, console)
+    return run_dir
 
 
 def report(run_dir: Path = typer.Argument(None, help="A run directory (default: the newest under runs/).")) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from plscale.datafiles import data_dir, find_mnist
+from plscale.datafiles import data_dir
+from plscale.datafiles.mnist import find_mnist
 from plscale.hardware import hub_reachable
 from plscale.rank.data.digits import synthetic_digits
 
