@@ -11,7 +11,7 @@ from plscale.rundir import read_json
 
 def fmt(value) -> str:
     if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
     return "" if value is None else str(value)
 
 

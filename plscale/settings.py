@@ -21,6 +21,11 @@ def parse_assignment(text: str) -> tuple[str, object]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as text
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     return key, value
 
 

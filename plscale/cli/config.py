@@ -65,8 +65,10 @@ def diff(a: Path = typer.Argument(..., help="First config."), b: Path = typer.Ar
         console.print("The two configs are the same.")
         return
     table = Table("key", str(a), str(b), "what it does", title="config diff", title_justify="left")
+    previous = None
     for key, va, vb, text in rows:
-        table.add_row(key, str(va), str(vb), text)
+        table.add_row(key, str(va), str(vb), "(as above)" if text == previous else text)
+        previous = text
     console.print(table)
 
 

@@ -76,7 +76,18 @@ def _device(section) -> bool:
     return isinstance(section, dict) and section.get("device", "none") not in ("none", None)
 
 
+def _quiet_accelerator() -> None:
+    """Without GPUs, tell DeepSpeed so up front rather than have it warn while it guesses."""
+    import os
+
+    from plscale.hardware import cuda_gpus
+
+    if not cuda_gpus():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def _deepspeed_keys() -> set:
+    _quiet_accelerator()
     try:
         from deepspeed.runtime import constants
     except ImportError:
@@ -88,6 +99,7 @@ def deepspeed_problem(config: dict, world_size: int) -> str | None:
     """Parse with DeepSpeed's own DeepSpeedConfig, as if `world_size` ranks were running."""
     from unittest import mock
 
+    _quiet_accelerator()
     from deepspeed.runtime import config as ds_config
 
     try:

@@ -15,5 +15,5 @@ def mlp(hidden: int = 256, layers: int = 2, classes: int = 10, inputs: int = 28 
 
 def images_to_tensor(images, device=None) -> torch.Tensor:
     """uint8 (n, 28, 28) -> float (n, 28, 28), scaled and centred like the usual MNIST transform."""
-    x = torch.as_tensor(images, device=device).float().div_(255.0)
+    x = torch.tensor(images, device=device).float().div_(255.0)
     return (x - 0.1307) / 0.3081

@@ -1,0 +1,130 @@
+"""The real CLI in a subprocess: fast host-side commands, bad input, failures, Ctrl-C."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, only_run, run_cli
+
+FIXTURE_LABS = ROOT / "tests" / "fixtures" / "labs"
+
+
+def test_host_commands_do_not_import_torch():
+    code = ("import sys; from plscale.cli import main; "
+            "bad = [m for m in ('torch', 'deepspeed', 'transformers', 'datasets') if m in sys.modules]; "
+            "print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "", f"importing the CLI pulled in {out.strip()}"
+
+
+def test_version_and_help():
+    assert run_cli("--version").stdout.startswith("plscale ")
+    result = run_cli("--help")
+    assert result.returncode == 0 and "lab" in result.stdout and "config" in result.stdout
+
+
+def test_lab_list_and_show():
+    listing = run_cli("lab", "list")
+    assert listing.returncode == 0 and "mnist-pseudo-dp" in listing.stdout
+    shown = run_cli("lab", "show", "mnist-dp")
+    assert shown.returncode == 0 and "train.steps" in shown.stdout and "accum" in shown.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["lab", "run", "mnistt"], "No lab named 'mnistt'. Did you mean: mnist"),
+    (["lab", "show", "zzz"], "No lab named 'zzz'"),
+    (["lab", "run", "mnist", "--gpus", "0"], "--gpus 0: a run needs at least 1 rank"),
+    (["lab", "run", "mnist", "--set", "foo"], "is not of the form key=value"),
+    (["lab", "run", "mnist", "--set", "train.stepz=2"], "Unknown setting 'train.stepz'"),
+    (["lab", "run", "mnist", "--steps", "0"], "--steps 0: use 1 or more"),
+    (["lab", "run", "mnist", "--variant", "zero9"], "has no variant 'zero9'"),
+    (["lab", "run", "mnist", "--launcher", "mpirun"], "Unknown launcher 'mpirun'"),
+    (["lab", "run", "mnist", "--data-dir", "/nonexistent"], "is not a folder"),
+    (["lab", "run", "mnist", "--sweep"], "has no sweep"),
+    (["report", "/nonexistent"], "is not a run directory"),
+])
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    result = cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not cli.runs.exists() or not any(cli.runs.iterdir()), "a failed command left a run directory"
+
+
+def test_data_dir_without_the_files(cli, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = cli("lab", "run", "mnist", "--data-dir", tmp_path / "empty")
+    assert result.returncode == 2 and "has no MNIST idx files" in result.stderr
+
+
+def test_bad_ds_config_files(cli, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    result = cli("lab", "run", "mnist", "--ds-config", bad)
+    assert result.returncode == 2 and "is not valid JSON" in result.stderr
+    bad.write_text(json.dumps({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                               "gradient_accumulation_steps": 1}))
+    result = cli("lab", "run", "mnist", "--gpus", "2", "--ds-config", bad)
+    assert result.returncode == 2 and "30 != micro batch 4 x accumulation 1 x world size 2 = 8" in result.stderr
+    result = cli("lab", "run", "mnist", "--ds-config", tmp_path / "missing.json")
+    assert result.returncode == 2 and "Cannot read DeepSpeed config" in result.stderr
+
+
+def test_config_commands(cli, tmp_path):
+    out = tmp_path / "z3.json"
+    assert cli("config", "new", out, "--stage", "3", "--gpus", "2").returncode == 0
+    assert json.loads(out.read_text())["train_batch_size"] == 16
+    refused = cli("config", "new", out, "--stage", "1")
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert json.loads(out.read_text())["zero_optimization"]["stage"] == 3  # the good file survives
+    bad = cli("config", "new", tmp_path / "x.json", "--stage", "2", "--offload-param")
+    assert bad.returncode == 2 and "Parameter offload needs ZeRO stage 3" in bad.stderr
+    assert not (tmp_path / "x.json").exists()
+    assert cli("config", "check", out, "--gpus", "2").returncode == 0
+    checked = cli("config", "check", out, "--gpus", "4")
+    assert checked.returncode == 2 and "16 != micro batch 8 x accumulation 1 x world size 4 = 32" in checked.stdout
+    diffed = cli("config", "diff", ROOT / "ds_configs" / "zero1.json", ROOT / "ds_configs" / "zero2.json")
+    assert diffed.returncode == 0 and "zero_optimization.stage" in diffed.stdout
+    assert cli("config", "sync", "--check").returncode == 0
+
+
+def test_dry_run_prints_the_command_and_runs_nothing(cli):
+    result = cli("lab", "run", "mnist", "--gpus", "2", "--dry-run")
+    assert result.returncode == 0
+    assert "DS_ACCELERATOR=cpu" in result.stdout and "--num_gpus 2" in result.stdout
+    assert not cli.runs.exists()
+
+
+@pytest.mark.e2e
+def test_failing_rank_is_reported_with_its_last_lines(cli):
+    result = cli("lab", "run", "crash", env={"PLSCALE_LABS_DIR": str(FIXTURE_LABS)}, timeout=300)
+    assert result.returncode != 0
+    assert "rank 1 failed; its last lines" in result.stdout
+    assert "deliberate failure on rank 1" in result.stdout
+    run = only_run(cli.runs)
+    assert (run / "rank_1.error").exists() and (run / "rank_0.log").exists()
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_every_rank(tmp_path):
+    env = {**os.environ, "PLSCALE_LABS_DIR": str(FIXTURE_LABS), "PLSCALE_RUNS_DIR": str(tmp_path),
+           "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "lab", "run", "hang"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(tmp_path.glob("*/ready_*"))) < 2:
+        time.sleep(0.5)
+    assert len(list(tmp_path.glob("*/ready_*"))) == 2, "the ranks never started"
+    run_dir = next(tmp_path.glob("*-hang-*"))
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"orphan rank processes: {left}"

@@ -1,0 +1,118 @@
+"""The DeepSpeed config builder, checker, diff and the standard set in ds_configs/."""
+
+import json
+
+import pytest
+
+from plscale.dsconfig import standard
+from plscale.dsconfig.check import check, load, rule_problems
+from plscale.dsconfig.explain import diff
+from plscale.dsconfig.spec import DSSpec, build
+from plscale.errors import UserError
+
+
+def test_batch_triple_is_consistent():
+    config = build(DSSpec(micro_batch=4, grad_accum=3, world_size=2))
+    assert config["train_batch_size"] == 4 * 3 * 2
+    assert "train_batch_size" not in build(DSSpec(micro_batch=4))  # unknown world size: DeepSpeed derives it
+
+
+def test_gradient_clipping_is_always_explicit():
+    # DeepSpeed clips at 1.0 when the key is absent; "off" must be written as 0.
+    assert build(DSSpec(grad_clip=0.0))["gradient_clipping"] == 0.0
+
+
+@pytest.mark.parametrize("spec, zero", [
+    (DSSpec(stage=0), {"stage": 0}),
+    (DSSpec(stage=2, offload_optimizer=True), {"offload_optimizer": {"device": "cpu", "pin_memory": False}}),
+    (DSSpec(stage=3, offload_param=True), {"offload_param": {"device": "cpu", "pin_memory": False}}),
+])
+def test_zero_sections(spec, zero):
+    built = build(spec)["zero_optimization"]
+    assert all(built[k] == v for k, v in zero.items())
+
+
+def test_precisions():
+    assert build(DSSpec(precision="bf16"))["bf16"] == {"enabled": True}
+    fp16 = build(DSSpec(precision="fp16"))["fp16"]
+    assert fp16["enabled"] and fp16["loss_scale"] == 0  # dynamic loss scaling
+    assert "fp16" not in build(DSSpec()) and "bf16" not in build(DSSpec())
+
+
+def test_offloaded_optimizer_uses_deepspeed_cpu_adam():
+    assert build(DSSpec(stage=1))["optimizer"]["params"]["torch_adam"] is True
+    assert "torch_adam" not in build(DSSpec(stage=2, offload_optimizer=True))["optimizer"]["params"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"stage": 4}, "ZeRO stage 4 does not exist"),
+    ({"stage": 2, "offload_param": True}, "Parameter offload needs ZeRO stage 3"),
+    ({"stage": 0, "offload_optimizer": True}, "Optimizer offload needs ZeRO stage 1, 2 or 3"),
+    ({"precision": "fp8"}, "Precision 'fp8'"),
+    ({"micro_batch": 0}, "micro_batch must be at least 1"),
+    ({"scheduler": "WarmupCosineLR"}, "total_steps"),
+])
+def test_bad_specs(kwargs, match):
+    with pytest.raises(UserError, match=match):
+        build(DSSpec(**kwargs))
+
+
+def test_unknown_spec_key_names_the_nearest():
+    with pytest.raises(UserError, match="micro_batch"):
+        DSSpec.from_dict({"micro_bach": 4})
+
+
+def test_checker_names_numbers_and_fix():
+    config = {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}
+    (problem,) = rule_problems(config, world_size=4)
+    assert "30 != micro batch 4 x accumulation 2 x world size 4 = 32" in problem
+    assert "set train_batch_size to 32" in problem
+
+
+def test_checker_catches_typos_and_conflicts():
+    problems = check({"train_micro_batch_size_per_gpu": 2, "zero_optimisation": {"stage": 2},
+                      "fp16": {"enabled": True}, "bf16": {"enabled": True}}, 1)
+    assert any("Did you mean 'zero_optimization'" in p for p in problems)
+    assert any("fp16 and bf16 are both enabled" in p for p in problems)
+
+
+def test_deepspeed_own_parser_runs_with_the_world_size():
+    good = build(DSSpec(stage=2, micro_batch=4, world_size=4))
+    assert check(good, 4) == []
+    # plscale's rules pass (no train_batch_size), DeepSpeed's parser rejects the stage value type
+    problems = check({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "two"}}, 2)
+    assert problems and problems[0].startswith(("zero_optimization.stage", "DeepSpeed rejects it"))
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(UserError, match="Cannot read"):
+        load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON.*line 1 column 2"):
+        load(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(UserError, match="JSON object"):
+        load(bad)
+
+
+def test_standard_set_has_not_drifted():
+    assert standard.drifted() == [], "ds_configs/ differs from the builder: run `plscale config sync`"
+
+
+def test_sync_writes_and_then_reports_no_drift(tmp_path):
+    (tmp_path / "stale.json").write_text("{}")
+    (tmp_path / "zero2.json").write_text('{"edited": true}')
+    changed = standard.sync(tmp_path)
+    assert "stale.json" in changed and "zero2.json" in changed
+    assert not (tmp_path / "stale.json").exists()
+    assert standard.drifted(tmp_path) == []
+    assert json.loads((tmp_path / "zero3.json").read_text())["zero_optimization"]["stage"] == 3
+
+
+def test_diff_explains_each_changed_key():
+    rows = diff(build(DSSpec(stage=1)), build(DSSpec(stage=3, offload_param=True)))
+    keys = {key: text for key, _, _, text in rows}
+    assert "zero_optimization.stage" in keys and "all-gather" in keys["zero_optimization.stage"]
+    assert "Parameters live in CPU memory" in keys["zero_optimization.offload_param.device"]
+    assert diff(build(DSSpec()), build(DSSpec())) == []
