@@ -41,6 +41,8 @@ def doctor() -> None:
         row("CUDA", None, "no CUDA GPU: labs run as CPU ranks over gloo")
     row("gloo", dist.is_gloo_available(), "available" if dist.is_gloo_available() else "missing: CPU labs cannot run")
     ok &= dist.is_gloo_available()
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say it up front; DeepSpeed would warn while guessing
     try:
         import deepspeed
         row("deepspeed", True, deepspeed.__version__)
