@@ -41,6 +41,7 @@ class Plan:
     device: str          # "cuda" or "cpu"
     launcher: str
     notice: str          # one line that says how the ranks run
+    files: dict = field(default_factory=dict)  # name -> text, written into the run directory first
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -107,15 +108,19 @@ def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present:
     for assignment in opts.sets:
         script += ["--set", assignment]
 
+    files = {}
     if launcher == "deepspeed":
         argv = [_bin("deepspeed")]
         if opts.nodes > 1:
-            argv += ["--num_nodes", str(opts.nodes), "--master_addr", opts.master_addr]
-            argv += ["--hostfile", opts.hostfile] if opts.hostfile else []
+            hostfile = opts.hostfile
+            if hostfile is None:  # --no_ssh still wants every node listed; the names only label them
+                hostfile = str(run_dir / "hostfile")
+                files["hostfile"] = "".join(f"node{i} slots={ranks}\n" for i in range(opts.nodes))
+            argv += ["--hostfile", hostfile, "--num_nodes", str(opts.nodes), "--master_addr", opts.master_addr]
             argv += ["--no_ssh", "--node_rank", str(opts.node_rank)] if opts.node_rank is not None else []
         argv += ["--num_gpus", str(ranks), "--master_port", str(port)]
     else:
         argv = [_bin("torchrun"), "--nnodes", str(opts.nodes), "--nproc_per_node", str(ranks),
                 "--node_rank", str(opts.node_rank or 0), "--master_addr", opts.master_addr,
                 "--master_port", str(port)]
-    return Plan(argv + script, env, ranks, world, device, launcher, notice)
+    return Plan(argv + script, env, ranks, world, device, launcher, notice, files)

@@ -128,3 +128,24 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
     assert left == [], f"orphan rank processes: {left}"
+
+
+@pytest.mark.e2e
+def test_two_nodes_on_one_machine(tmp_path):
+    """--nodes 2 --node-rank R (no ssh): two plscale commands, one per 'node', form one world."""
+    from plscale.hardware import free_port
+
+    port = str(free_port())
+    env = {**os.environ, "PLSCALE_RUNS_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    base = [sys.executable, "-m", "plscale.cli.main", "lab", "run", "mnist-dp", "--gpus", "1", "--nodes", "2",
+            "--master-addr", "127.0.0.1", "--master-port", port, "--steps", "10"]
+    nodes = [subprocess.Popen(base + ["--node-rank", str(r)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    summaries = list(tmp_path.glob("*/summary.json"))
+    assert len(summaries) == 1, "exactly one node (node 0) holds global rank 0"
+    system = json.loads((summaries[0].parent / "system.json").read_text())
+    assert system["world_size"] == 2
+    assert json.loads(summaries[0].read_text())["passed"]
+    assert len(list(tmp_path.glob("*/rank_1.log"))) == 1 and "node 0's run directory" in outputs[1]

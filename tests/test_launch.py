@@ -80,6 +80,9 @@ def test_multinode_deepspeed_without_ssh(mnist):
     assert argv[argv.index("--node_rank") + 1] == "1" and argv[argv.index("--master_addr") + 1] == "10.0.0.1"
     assert argv[argv.index("--master_port") + 1] == "29500"
     assert p.world_size == 4
+    # deepspeed's --no_ssh mode wants every node listed: plscale writes that hostfile itself
+    assert argv[argv.index("--hostfile") + 1] == str(RUN / "hostfile")
+    assert p.files == {"hostfile": "node0 slots=2\nnode1 slots=2\n"}
 
 
 def test_multinode_needs_hostfile_or_node_rank(mnist, tmp_path):

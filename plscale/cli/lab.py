@@ -98,8 +98,10 @@ def run_lab(
                    list(sets), ds_config, data_dir)
     if not sweep:
         run_dir = _run_variant(lab, chosen, opts, dry_run)
-        if run_dir:
+        if run_dir and (run_dir / "summary.json").exists():
             show(run_dir, console)
+        elif run_dir:  # a node other than node 0: global rank 0 wrote the summary there
+            console.print(f"This node's ranks finished; node 0's run directory holds the summary. Logs: {run_dir}")
         return
     if not lab.sweep:
         raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
@@ -135,6 +137,8 @@ def _run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False)
             console.print("[bold]command:[/]", the_plan.shell(), highlight=False, soft_wrap=True)
         return None
     run_dir.mkdir(parents=True)
+    for name, text in the_plan.files.items():
+        (run_dir / name).write_text(text)
     write_json(run_dir / "ds_config.json", config)
     write_json(run_dir / "settings.json", {"lab": lab.id, "variant": chosen.name, "settings": settings})
     (run_dir / "command.txt").write_text(shlex.join(sys.argv) + "\n" + the_plan.shell() + "\n")
