@@ -5,7 +5,7 @@ import sys
 import typer
 
 from plscale import __version__
-from plscale.cli import config, doctor, lab
+from plscale.cli import bench, config, doctor, estimate, lab
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -13,6 +13,8 @@ app = typer.Typer(help="Hands-on labs for LLM parallelism, backed by DeepSpeed."
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 app.add_typer(lab.app, name="lab")
 app.add_typer(config.app, name="config")
+app.add_typer(estimate.app, name="estimate")
+app.add_typer(bench.app, name="bench")
 app.command("doctor")(doctor.doctor)
 app.command("report")(lab.report)
 

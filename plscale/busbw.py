@@ -1,0 +1,259 @@
+"""Collective benchmarks the nccl-tests way: message sizes, algorithm and bus bandwidth.
+
+Host-side and torch-free: the CLI validates with it before launching, the ranks format
+with it. The convention (nccl-tests, doc/PERFORMANCE.md):
+
+    algbw = S / t             S = the size of the whole buffer, t = the time of one call
+    busbw = algbw * factor    the bytes each rank's link really carries, per second
+
+    all_reduce      2(N-1)/N  reduce-scatter, then all-gather: every byte crosses twice
+    all_gather       (N-1)/N  S is the gathered output; each rank receives all but its part
+    reduce_scatter   (N-1)/N  S is the input; each rank sends all but its part
+    all_to_all       (N-1)/N  each rank keeps 1/N of its buffer and sends the rest
+    broadcast, reduce      1  a pipelined chain moves S over every link once
+
+busbw is comparable across N and across collectives: it tends to the link's bandwidth.
+Sizes are bytes; K, M, G are powers of 1024 as in nccl-tests (`-b 32K -e 64M`).
+"""
+
+import csv
+import re
+from pathlib import Path
+
+from plscale.errors import UserError, did_you_mean
+
+BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+OPS = tuple(BUS_FACTORS)
+DEFAULT_OPS = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all"
+SHARDED = ("all_gather", "reduce_scatter", "all_to_all")  # the buffer holds one part per rank
+DTYPES = {"float32": (4, "float"), "float64": (8, "double"), "float16": (2, "half"),
+          "bfloat16": (2, "bfloat16"), "int32": (4, "int32"), "int64": (8, "int64"),
+          "int8": (1, "int8"), "uint8": (1, "uint8")}          # name -> (bytes, nccl-tests name)
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+DEFAULT_MAX = {"cpu": 64 * 2**20, "cuda": 2**30}               # `auto` sizes stop here, or lower
+BUFFERS_PER_RANK = 3  # the largest message, plus output (or a copy) and the ring's inbox: a safe bound
+
+
+def parse_size(text: str) -> int:
+    """'32K' -> 32768, '64M', '1G', '4096', '1.5M'; a trailing B or iB is allowed."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
+    if not match:
+        raise UserError(f"Size {text!r} does not parse: write bytes with K, M or G (powers of 1024), "
+                        f"e.g. 32K, 64M, 1G.")
+    value = float(match.group(1)) * UNITS[match.group(2).upper()]
+    if value < 1 or value != int(value):
+        raise UserError(f"Size {text!r} is not a whole number of bytes of 1 or more.")
+    return int(value)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'32K-64M' doubles from 32K up to 64M (nccl-tests -b 32K -e 64M -f 2); '32K,1M,64M' lists
+    sizes; items can mix: '4K,32K-1M'. Sorted, without repeats."""
+    sizes = set()
+    for item in str(text).split(","):
+        low, dash, high = item.partition("-")
+        if not dash:
+            sizes.add(parse_size(item))
+            continue
+        start, stop = parse_size(low), parse_size(high)
+        if start > stop:
+            raise UserError(f"Size range {item!r} runs backwards: put the smaller size first, e.g. 32K-64M.")
+        while start <= stop:
+            sizes.add(start)
+            start *= 2
+    return sorted(sizes)
+
+
+def parse_ops(text: str) -> list[str]:
+    ops = [op.strip().replace("-", "_") for op in str(text).split(",") if op.strip()]
+    if not ops:
+        raise UserError(f"No collectives named: use some of {', '.join(OPS)}.")
+    for op in ops:
+        if op not in OPS:
+            raise UserError(f"Unknown collective {op!r}.{did_you_mean(op, OPS)} Use some of {', '.join(OPS)}.")
+    return list(dict.fromkeys(ops))
+
+
+def check_dtype(name: str) -> str:
+    if name not in DTYPES:
+        raise UserError(f"Unknown dtype {name!r}.{did_you_mean(name, DTYPES)} Use one of {', '.join(DTYPES)}.")
+    return name
+
+
+def human(size: float) -> str:
+    """32768 -> '32K', 1.5 * 2**30 -> '1.5G' (the way sizes are written on the command line)."""
+    for unit in ("T", "G", "M", "K"):
+        if size >= UNITS[unit]:
+            value = size / UNITS[unit]
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
+    return f"{size:.0f}B"
+
+
+def element_count(op: str, size: int, dtype: str, ranks: int) -> int:
+    """Elements in the buffer for a message of `size` bytes: whole elements, and for sharded
+    collectives a multiple of the rank count (nccl-tests rounds down the same way)."""
+    count = size // DTYPES[dtype][0]
+    return count - count % ranks if op in SHARDED else count
+
+
+def resolve_sizes(text: str, ops: list[str], dtype: str, ranks: int, device: str, available: int | None) -> list[int]:
+    """The sizes to run: parsed (or `auto`: 32K doubling up to what the machine fits), each
+    checked to hold at least one element per rank, the largest checked against memory."""
+    if str(text).strip() == "auto":
+        cap = DEFAULT_MAX[device]
+        if available:
+            cap = min(cap, max(32 * 2**10, available // (2 * BUFFERS_PER_RANK * (ranks if device == "cpu" else 1))))
+        text = f"32K-{cap}"
+    sizes = parse_sizes(text)
+    for op in ops:
+        if element_count(op, sizes[0], dtype, ranks) == 0:
+            least = DTYPES[dtype][0] * (ranks if op in SHARDED else 1)
+            raise UserError(f"Size {sizes[0]} B holds no {dtype} element{' per rank' if op in SHARDED else ''} "
+                            f"for {op}: use {least} B or more.")
+    check_fits(sizes[-1], ranks, device, available)
+    return sizes
+
+
+def check_fits(size: int, ranks: int, device: str, available: int | None) -> None:
+    """UserError when the largest message cannot fit: on CPU all ranks share the host's memory,
+    on GPUs each rank has its own."""
+    if not available:
+        return
+    need = BUFFERS_PER_RANK * size * (ranks if device == "cpu" else 1)
+    if need > 0.8 * available:
+        fits = 2 ** (int(0.8 * available / (BUFFERS_PER_RANK * (ranks if device == "cpu" else 1))).bit_length() - 1)
+        where = f"{ranks} CPU ranks share {human(available)} of memory" if device == "cpu" \
+            else f"each GPU has {human(available)}"
+        raise UserError(f"Messages of {human(size)} need about {human(need)} ({BUFFERS_PER_RANK} buffers per rank) "
+                        f"but {where}: use sizes up to {human(fits)} (e.g. --sizes 32K-{human(fits)}).")
+
+
+def memory_available(device: str) -> int | None:
+    """Bytes free for buffers: the host's MemAvailable on CPU, the smallest GPU's total on CUDA
+    (nvidia-smi); None when it cannot be told."""
+    import subprocess
+
+    if device == "cuda":
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return min(int(line) for line in out.split()) * 2**20
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    return BUS_FACTORS[op](ranks)
+
+
+def bandwidths(op: str, size: int, seconds: float, ranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (10^9 bytes per second, as nccl-tests prints)."""
+    algbw = size / seconds / 1e9
+    return algbw, algbw * bus_factor(op, ranks)
+
+
+HEADER = [
+    "#       size         count      type   redop    root     time   algbw   busbw  #wrong",
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        ",
+]
+
+
+def format_row(row: dict) -> str:
+    """One nccl-tests line; row: size, count, dtype, op, time_us, algbw, busbw, wrong
+    (+ ring_time_us and ratio when the hand-written ring ran beside the library)."""
+    redop = "sum" if row["op"] in ("all_reduce", "reduce_scatter", "reduce") else "none"
+    root = 0 if row["op"] in ("broadcast", "reduce") else -1
+    line = (f"{row['size']:12d}  {row['count']:12d}  {DTYPES[row['dtype']][1]:>8}  {redop:>6}  {root:6d}  "
+            f"{row['time_us']:7.1f}  {row['algbw']:6.2f}  {row['busbw']:6.2f}  {row['wrong']:6d}")
+    if row.get("ring_time_us") is not None:
+        line += f"  {row['ring_time_us']:9.1f}  {row['ring_busbw']:6.2f}  {row['ratio']:6.2f}x"
+    return line
+
+
+def format_table(op: str, rows: list[dict], ranks: int, backend: str) -> list[str]:
+    """The nccl-tests block for one collective, ending with its average bus bandwidth."""
+    ring = any(r.get("ring_time_us") is not None for r in rows)
+    lines = [f"# {op} on {ranks} ranks over {backend}: busbw = algbw x {bus_factor(op, ranks):.3g}"]
+    lines += [HEADER[0] + ("  ring time  ring bw  ring/lib" if ring else ""),
+              HEADER[1] + ("       (us)   (GB/s)  time" if ring else "")]
+    lines += [format_row(r) for r in rows]
+    if rows:
+        lines.append(f"# Avg bus bandwidth    : {sum(r['busbw'] for r in rows) / len(rows):.4g} GB/s")
+    return lines
+
+
+CSV_FIELDS = ["op", "size", "count", "dtype", "ranks", "backend", "iters", "time_us", "algbw", "busbw", "wrong",
+              "ring_time_us", "ring_busbw", "ratio", "naive_time_us", "naive_busbw"]
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as src:
+        return [{k: (float(v) if v not in ("", None) and k not in ("op", "dtype", "backend") else v or None)
+                 for k, v in row.items()} for row in csv.DictReader(src)]
+
+
+def plot(path: Path, rows: list[dict], title: str) -> None:
+    """Bus bandwidth against message size, one line per collective (plus the hand-written ring
+    and the naive all-reduce when they ran); below, the ring's time over the library's."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = [r for r in rows if r.get("ratio")]
+    fig, axes = plt.subplots(2 if ratios else 1, 1, figsize=(7.5, 6.5 if ratios else 4.2), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.3]} if ratios else None)
+    ax = axes[0][0]
+    for op in dict.fromkeys(r["op"] for r in rows):
+        mine = [r for r in rows if r["op"] == op]
+        ax.plot([r["size"] for r in mine], [r["busbw"] for r in mine], "o-", ms=3, label=op)
+        if op == "all_reduce" and ratios:
+            ax.plot([r["size"] for r in mine], [r["ring_busbw"] for r in mine], "s--", ms=3,
+                    label="all_reduce, hand-written ring")
+        if op == "all_reduce" and any(r.get("naive_busbw") for r in mine):
+            ax.plot([r["size"] for r in mine], [r["naive_busbw"] for r in mine], "^:", ms=3,
+                    label="all_reduce, naive (via rank 0)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if ratios:
+        ax2 = axes[1][0]
+        ax2.plot([r["size"] for r in ratios], [r["ratio"] for r in ratios], "s-", ms=3, color="C3")
+        ax2.axhline(1.0, color="grey", lw=0.8)
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log")
+        ax2.set_ylabel("ring / library\n(time)")
+        ax2.grid(alpha=0.3)
+    last = axes[-1][0]
+    sizes = sorted({r["size"] for r in rows})
+    last.set_xticks(sizes, [human(s) for s in sizes], rotation=45, fontsize=7)
+    if ratios:
+        ax.set_xticks(sizes, [""] * len(sizes))
+    last.set_xlabel("message size (bytes)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

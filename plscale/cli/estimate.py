@@ -1,0 +1,90 @@
+"""`plscale estimate memory`: memory per rank for a model, a ZeRO stage and a parallel layout."""
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from plscale.cli.output import console
+from plscale.errors import UserError
+from plscale.memory_model import Setup, estimate, gib
+from plscale.model_presets import PRESETS, largest_layer_params, param_count, parse_count
+
+app = typer.Typer(help="Estimate what a training run needs before you rent it.", no_args_is_help=True)
+
+
+@app.command("memory")
+def memory(
+    model: str = typer.Option("7b", "--model", "-m",
+                              help=f"A preset ({', '.join(PRESETS)}) or a parameter count (1.3e9, 350M, 7b)."),
+    stage: int = typer.Option(2, help="ZeRO stage 0-3."),
+    gpus: int = typer.Option(8, help="Ranks in all: data parallel x tensor parallel x pipeline parallel."),
+    precision: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    offload_optimizer: bool = typer.Option(False, help="Optimizer states and gradients in host memory (stage 1-3)."),
+    offload_param: bool = typer.Option(False, help="Parameters in host memory (stage 3)."),
+    tp: int = typer.Option(1, help="Tensor-parallel degree."),
+    pp: int = typer.Option(1, help="Pipeline-parallel degree."),
+    seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
+    micro_batch: int = typer.Option(1, help="Sequences per rank per forward/backward."),
+    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
+    global_batch: int = typer.Option(None, help="Sequences per step; must equal micro x accum x data parallel."),
+    recompute: bool = typer.Option(False, "--recompute/--no-recompute", help="Activation recomputation."),
+    budget: float = typer.Option(None, help="GiB per device; exit 2 when the estimate does not fit."),
+    accounting: str = typer.Option("paper", help="paper: the ZeRO paper's model states; deepspeed: "
+                                                 "DeepSpeed's estimate_zero2/3_model_states_mem_needs."),
+) -> None:
+    """Memory per rank: parameters, gradients, optimizer states, activations.
+
+    Model states (ZeRO paper): Ψ = parameters / (tp * pp), N = gpus / (tp * pp),
+    p = 2 bytes (bf16, fp16) or 4 (fp32), K = 12 (fp32 master + Adam m + v).
+    stage 0: pΨ + pΨ + KΨ     stage 1: pΨ + pΨ + KΨ/N
+    stage 2: pΨ + (p+K)Ψ/N    stage 3: (2p+K)Ψ/N
+    fp32 at stage 0 steps the weights themselves (K = 8).
+
+    Activations of plscale's Llama (b micro batch, s sequence, h hidden,
+    f SwiGLU width, a heads, V vocabulary, t = tp), bytes per layer:
+    sb(6h+2)p + sb(3h+2h_kv+4f)p/t + 4asb/t, and for the head
+    sb(3h+1)p + 4sbV.  --recompute keeps L*sbh*p plus one layer.
+    Pipeline (1F1B): the first stage holds all L layers' worth.
+    """
+    if model in PRESETS:
+        config, params = PRESETS[model], param_count(PRESETS[model])
+        largest = largest_layer_params(config)
+    else:
+        config, params, largest = None, parse_count(model), 0
+    if gpus < 1 or tp < 1 or pp < 1:
+        raise UserError(f"--gpus, --tp and --pp must be at least 1 (got {gpus}, {tp}, {pp}).")
+    if gpus % (tp * pp):
+        raise UserError(f"--gpus {gpus} is not a multiple of tp {tp} x pp {pp}: data parallel needs "
+                        f"a whole number of ranks; try --gpus {tp * pp * max(1, gpus // (tp * pp))}.")
+    dp = gpus // (tp * pp)
+    if micro_batch < 1 or grad_accum < 1:
+        raise UserError(f"--micro-batch and --grad-accum must be at least 1 (got {micro_batch}, {grad_accum}).")
+    if global_batch is not None and global_batch != micro_batch * grad_accum * dp:
+        raise UserError(f"--global-batch {global_batch} != micro batch {micro_batch} x accumulation {grad_accum} "
+                        f"x data parallel {dp} = {micro_batch * grad_accum * dp}: fix one of the three.")
+    if stage == 3 and accounting == "deepspeed" and config is None:
+        raise UserError("DeepSpeed's ZeRO-3 estimate needs the largest layer: give a preset with --model.")
+    seq = seq or (min(config.max_seq, 2048) if config else 1024)
+    setup = Setup(params, stage, dp, precision, offload_optimizer, offload_param, tp, pp, config, seq,
+                  micro_batch, recompute, largest, accounting)
+    result = estimate(setup)
+
+    table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
+                        f"{gpus} ranks = dp {dp} x tp {tp} x pp {pp}", title_justify="left")
+    for column in ("", "device GiB", "host GiB", "formula"):
+        table.add_column(column, justify="right" if "GiB" in column else "left")
+    for term in result.terms:
+        table.add_row(term.name, f"{gib(term.device):.2f}", f"{gib(term.host):.2f}", escape(term.formula))
+    if config is None:
+        table.add_row("activations", "n/a", "", "needs a model shape: pass a preset to --model")
+    table.add_row("[bold]total[/]", f"[bold]{gib(result.total('device')):.2f}[/]",
+                  f"[bold]{gib(result.total('host')):.2f}[/]",
+                  f"micro batch {micro_batch} x seq {seq}, recompute {'on' if recompute else 'off'}")
+    console.print(table)
+    need = gib(result.total("device"))
+    if budget is not None and need > budget:
+        raise UserError(f"{model} at ZeRO-{stage} on {gpus} ranks needs {need:.2f} GiB per device, over the "
+                        f"budget of {budget:g} GiB: raise --stage, add --offload-optimizer/--offload-param, "
+                        f"more --gpus, --recompute or a smaller --micro-batch.")
+    if budget is not None:
+        console.print(f"fits: {need:.2f} GiB of {budget:g} GiB per device")
