@@ -8,10 +8,12 @@ sub-folder named after it (`DIR/mnist/`). One module per dataset; FINDERS names 
 import os
 from pathlib import Path
 
+from plscale.datafiles.imdb import find_imdb
 from plscale.datafiles.mnist import find_mnist
+from plscale.datafiles.wikitext import find_wikitext
 from plscale.errors import UserError
 
-FINDERS = {"mnist": find_mnist}
+FINDERS = {"mnist": find_mnist, "imdb": find_imdb, "wikitext": find_wikitext}
 
 
 def data_dir() -> Path | None:

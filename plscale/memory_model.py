@@ -1,0 +1,186 @@
+"""Memory per rank for training with ZeRO: model states (ZeRO paper) and activations.
+
+Host-side and pure: `plscale estimate memory` prints it, and the ZeRO lab prints it beside
+what each rank measures.
+
+Model states (Rajbhandari et al., ZeRO, 2020). Ψ parameters on this model-parallel rank
+(Ψ_total / (tp * pp)), N data-parallel ranks, p bytes per weight (2 in bf16/fp16, 4 in
+fp32), K = 12 bytes of optimizer state per parameter (fp32 master 4 + Adam m 4 + v 4):
+
+    stage 0   pΨ + pΨ + KΨ              parameters, gradients, optimizer states, all replicated
+    stage 1   pΨ + pΨ + KΨ/N            optimizer states sharded
+    stage 2   pΨ + (p + K)Ψ/N           ... and gradients
+    stage 3   (2p + K)Ψ/N               ... and parameters
+
+In fp32 at stage 0 the optimizer steps the weights themselves (K = 8); from stage 1 on
+DeepSpeed keeps its own fp32 master copy even of an fp32 model, so K stays 12.
+Optimizer offload moves the master copy, the moments and the gradient partition to host
+memory (ZeRO-Offload); parameter offload (stage 3) moves the parameter partition too.
+
+`accounting="deepspeed"` reproduces DeepSpeed's estimate_zero2/3_model_states_mem_needs
+instead (device memory, mixed precision, stages 2 and 3): an fp32 gradient partition for the
+step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at stage 3 the largest layer's
+parameters and gradients gathered in full (2 + 2 bytes each) plus 18Ψ/N.
+
+Activations saved for backward by plscale's Llama (counted from its autograd graph; a test
+checks the count against a saved-tensors census). Per layer, per micro-batch of b sequences
+of s tokens, in elements of e bytes (e = p), h hidden, h_kv key/value width, f SwiGLU width,
+a heads, t tensor-parallel ranks:
+
+    layer     s*b*(6h + 2) [two RMSNorms]  +  s*b*(3h + 2h_kv + 4f)/t [attention, MLP]
+              +  a*s*b/t in fp32 [attention's log-sum-exp]
+    head      s*b*(3h + 1) [final RMSNorm]  +  4*s*b*V bytes [log-softmax, fp32]
+    recompute keep only each layer's input, s*b*h, and rebuild one layer at a time
+
+Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
+micro-batches of L/pp layers, the whole model's worth (Korthikanti et al., 2022).
+"""
+
+from dataclasses import dataclass, field
+
+from plscale.errors import UserError
+from plscale.model_presets import ModelConfig
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+GiB = 2**30
+
+
+@dataclass
+class Setup:
+    params: int                       # Ψ_total, the whole model
+    stage: int = 0
+    dp: int = 1                       # data-parallel ranks N: what ZeRO shards over
+    precision: str = "bf16"
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    tp: int = 1
+    pp: int = 1
+    model: ModelConfig | None = None  # the shape, for activations (None: activations not estimated)
+    seq: int = 1024
+    micro_batch: int = 1
+    recompute: bool = False
+    largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
+    accounting: str = "paper"         # "paper" or "deepspeed"
+
+    def validate(self) -> None:
+        if self.stage not in (0, 1, 2, 3):
+            raise UserError(f"ZeRO stage {self.stage} does not exist: use 0, 1, 2 or 3.")
+        if self.precision not in BYTES:
+            raise UserError(f"Precision {self.precision!r} is not one of {', '.join(BYTES)}.")
+        if self.offload_param and self.stage != 3:
+            raise UserError(f"Parameter offload needs ZeRO stage 3 (got stage {self.stage}): "
+                            f"use --stage 3 or drop --offload-param.")
+        if self.offload_optimizer and self.stage == 0:
+            raise UserError("Optimizer offload needs ZeRO stage 1, 2 or 3 (got stage 0): raise --stage.")
+        for name in ("dp", "tp", "pp", "seq", "micro_batch"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
+        if self.accounting not in ("paper", "deepspeed"):
+            raise UserError(f"Accounting {self.accounting!r}: use paper or deepspeed.")
+        if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):
+            raise UserError("DeepSpeed's estimators cover ZeRO stages 2 and 3 in bf16/fp16: "
+                            "use --accounting paper for stages 0-1 or fp32.")
+        if self.model and self.model.layers % self.pp:
+            raise UserError(f"{self.model.layers} layers do not split into {self.pp} pipeline stages: "
+                            f"pick a pipeline degree that divides {self.model.layers}.")
+
+
+@dataclass
+class Term:
+    name: str
+    device: float                     # bytes per rank on the accelerator (or the CPU running it)
+    host: float = 0.0                 # bytes per rank offloaded to host memory
+    formula: str = ""
+
+    @property
+    def total(self) -> float:
+        return self.device + self.host
+
+
+@dataclass
+class Estimate:
+    setup: Setup
+    terms: list = field(default_factory=list)
+
+    def term(self, name: str) -> Term:
+        return next(t for t in self.terms if t.name == name)
+
+    def total(self, where: str = "device", names=None) -> float:
+        return sum(getattr(t, where) for t in self.terms if names is None or t.name in names)
+
+    @property
+    def model_states(self) -> float:
+        return sum(t.total for t in self.terms if t.name != "activations")
+
+
+MODEL_STATES = ("parameters", "gradients", "optimizer: fp32 master", "optimizer: Adam moments")
+
+
+def estimate(s: Setup) -> Estimate:
+    s.validate()
+    psi = s.params / (s.tp * s.pp)
+    terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
+    if s.model is not None:
+        terms.append(Term("activations", activation_bytes(s), 0.0, _activation_formula(s)))
+    return Estimate(s, terms)
+
+
+def _paper_terms(s: Setup, psi: float) -> list[Term]:
+    p, n = BYTES[s.precision], s.dp
+    master = 0 if (s.precision == "fp32" and s.stage == 0) else 4
+    shard = lambda stage: (n, "/N") if s.stage >= stage else (1, "")
+    (np_, fp), (ng, fg), (no, fo) = shard(3), shard(2), shard(1)
+    terms = [Term("parameters", p * psi / np_, 0, f"{p}Ψ{fp}"),
+             Term("gradients", p * psi / ng, 0, f"{p}Ψ{fg}"),
+             Term("optimizer: fp32 master", master * psi / no, 0, f"{master}Ψ{fo}" if master else "0 (steps the weights)"),
+             Term("optimizer: Adam moments", 8 * psi / no, 0, f"8Ψ{fo}")]
+    if s.offload_optimizer:
+        for t in terms[1:]:
+            t.device, t.host, t.formula = 0.0, t.device, t.formula + " on host"
+    if s.offload_param:
+        terms[0].device, terms[0].host, terms[0].formula = 0.0, terms[0].device, terms[0].formula + " on host"
+    return terms
+
+
+def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
+    """DeepSpeed's estimate_zero2/3_model_states_mem_needs, term by term (device memory)."""
+    n, big = s.dp, s.largest_layer
+    if s.stage == 2:
+        grads = Term("gradients", 6 * psi / n, 0, "2Ψ/N + 4Ψ/N fp32 partition")
+        states = [Term("optimizer: fp32 master", 4 * psi / n, 0, "4Ψ/N"),
+                  Term("optimizer: Adam moments", 8 * psi / n, 0, "8Ψ/N")]
+        if s.offload_optimizer:
+            grads = Term("gradients", 0, 4 * psi / n, "4Ψ/N fp32 on host")
+            states = [Term(t.name, 0, t.device, t.formula + " on host") for t in states]
+        return [Term("parameters", 2 * psi, 0, "2Ψ"), grads, *states]
+    params = Term("parameters", 2 * big + 2 * psi / n, 0, "2 x largest layer + 2Ψ/N")
+    grads = Term("gradients", 2 * big + 4 * psi / n, 0, "2 x largest layer + 4Ψ/N fp32 partition")
+    states = [Term("optimizer: fp32 master", 4 * psi / n, 0, "4Ψ/N"),
+              Term("optimizer: Adam moments", 8 * psi / n, 0, "8Ψ/N")]
+    if s.offload_optimizer:
+        grads = Term("gradients", 2 * big, 4 * psi / n, "2 x largest layer; 4Ψ/N on host")
+        states = [Term(t.name, 0, t.device, t.formula + " on host") for t in states]
+    if s.offload_param:
+        params = Term("parameters", 2 * big, 2 * psi / n, "2 x largest layer; 2Ψ/N on host")
+    return [params, grads, *states]
+
+
+def activation_bytes(s: Setup) -> float:
+    """Bytes saved for backward on the first pipeline stage, per micro-batch (see the module doc)."""
+    c, e, t = s.model, BYTES[s.precision], s.tp
+    sb = s.seq * s.micro_batch
+    full_layer = sb * (6 * c.hidden + 2) * e + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t \
+        + 4 * c.heads * sb / t
+    layers = c.layers * sb * c.hidden * e + full_layer if s.recompute else c.layers * full_layer
+    head = sb * (3 * c.hidden + 1) * e + 4 * sb * c.vocab / t
+    return layers + head
+
+
+def _activation_formula(s: Setup) -> str:
+    t = "" if s.tp == 1 else "/t"
+    layer = f"sb(6h+2) + sb(3h+2h_kv+4f){t} + 4as{t}·b"
+    return (f"L·sbh + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
+
+
+def gib(nbytes: float) -> float:
+    return nbytes / GiB

@@ -1,0 +1,109 @@
+"""Llama-shaped decoder sizes, from a CI-sized toy to Llama-2-7B, and their exact counts.
+
+Host-side and pure: the estimator and the labs' predictions count parameters, FLOPs and
+the largest layer from these configs without building a model. `plscale.rank.models.llama`
+builds the same shapes as torch modules; a test checks both agree to the parameter.
+
+Shape of one decoder layer (no biases anywhere, as in Llama):
+    attention  q, o: d x d       k, v: d x d_kv   (d_kv = d * kv_heads / heads: grouped-query)
+    MLP        gate, up: d x f   down: f x d      (SwiGLU)
+    two RMSNorm weights of d
+plus the token embedding V x d, a final RMSNorm d and the output head V x d, which shares
+the embedding's weight when `tie_embeddings` (GPT-2 and Llama-3.2-1B do; Llama-2-7B does not).
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+from plscale.errors import UserError, did_you_mean
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int
+    hidden: int           # d
+    layers: int           # L
+    heads: int            # attention heads a
+    kv_heads: int         # key/value heads (== heads: multi-head; fewer: grouped-query)
+    ffn: int              # f, the SwiGLU inner width
+    max_seq: int          # longest sequence (RoPE needs no table of learned positions)
+    tie_embeddings: bool = True
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.head_dim * self.kv_heads
+
+    def with_vocab(self, vocab: int) -> "ModelConfig":
+        return replace(self, vocab=vocab)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS = {
+    # CI-sized: a few seconds of CPU per step count.
+    "tiny": ModelConfig(vocab=2048, hidden=128, layers=2, heads=4, kv_heads=4, ffn=384, max_seq=128),
+    # CPU-sized: the lab's default, a minute or two on a laptop.
+    "small": ModelConfig(vocab=8192, hidden=256, layers=4, heads=4, kv_heads=4, ffn=704, max_seq=128),
+    # GPT-2 small/medium widths, Llama-shaped (f = 8/3 d, rounded up to 256), tied embeddings.
+    "124m": ModelConfig(vocab=50304, hidden=768, layers=12, heads=12, kv_heads=12, ffn=2048, max_seq=1024),
+    "350m": ModelConfig(vocab=50304, hidden=1024, layers=24, heads=16, kv_heads=16, ffn=2816, max_seq=1024),
+    # Llama-3.2-1B's shape (grouped-query attention, tied): 1,235,814,400 parameters.
+    "1b": ModelConfig(vocab=128256, hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, max_seq=2048,
+                      rope_theta=500_000.0),
+    # Llama-2-7B's shape (untied): 6,738,415,616 parameters.
+    "7b": ModelConfig(vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=32, ffn=11008, max_seq=4096,
+                      tie_embeddings=False),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise UserError(f"No model preset {name!r}.{did_you_mean(name, PRESETS)} "
+                        f"Presets: {', '.join(PRESETS)}.")
+    return PRESETS[name]
+
+
+def layer_params(c: ModelConfig) -> int:
+    attention = 2 * c.hidden * c.hidden + 2 * c.hidden * c.kv_dim
+    mlp = 3 * c.hidden * c.ffn
+    return attention + mlp + 2 * c.hidden
+
+
+def param_count(c: ModelConfig) -> int:
+    """Exactly sum(p.numel() for p in model.parameters()) of the built model."""
+    embeddings = c.vocab * c.hidden * (1 if c.tie_embeddings else 2)
+    return embeddings + c.layers * layer_params(c) + c.hidden
+
+
+def largest_layer_params(c: ModelConfig) -> int:
+    """The most parameters one module owns directly (what ZeRO-3 gathers at once at most):
+    the embedding table, unless an MLP projection is larger."""
+    return max(c.vocab * c.hidden, c.hidden * c.ffn)
+
+
+def flops_per_token(c: ModelConfig, seq: int) -> float:
+    """Training FLOPs per token: 6 per weight of the matmuls (forward 2, backward 4), plus
+    attention's scores and weighted sum, 6 * 2 * L * seq * d (counted causal-free, as in
+    the PaLM paper's MFU)."""
+    matmul_weights = c.layers * (layer_params(c) - 2 * c.hidden) + c.vocab * c.hidden
+    return 6 * matmul_weights + 12 * c.layers * seq * c.hidden
+
+
+def parse_count(text: str) -> int:
+    """'7b', '350M', '1.3e9', '124000000' -> a parameter count."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}.get(raw[-1:], 1)
+    try:
+        value = float(raw[:-1] if scale != 1 else raw) * scale
+    except ValueError:
+        raise UserError(f"{text!r} is neither a model preset ({', '.join(PRESETS)}) nor a parameter "
+                        f"count such as 7b, 350M or 1.3e9.") from None
+    if value < 1:
+        raise UserError(f"A model has at least one parameter, not {text!r}.")
+    return int(value)

@@ -1,0 +1,132 @@
+"""WikiText-2 as packed token blocks, each rank reading its own shard of every batch.
+
+Where the text comes from, in order: a local folder (`--data-dir` / PLSCALE_DATA_DIR, see
+plscale/datafiles/wikitext.py for the file names), the Hugging Face hub through
+`datasets` (wikitext-2-raw-v1, cached by `datasets`), and offline with neither, Python's
+own bundled reference text (pydoc_data), clearly labelled as not being WikiText-2.
+Tokenizer: GPT-2's from the hub when reachable, else a byte-level BPE trained here on the
+training text (plscale.rank.data.bpe, cached).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from plscale.datafiles import data_dir
+from plscale.datafiles.wikitext import find_wikitext
+from plscale.hardware import hub_reachable
+from plscale.rank.data.bpe import gpt2_or_local
+
+FALLBACK = ("OFFLINE FALLBACK: Python's bundled reference text (pydoc_data.topics), not WikiText-2 "
+            "(set --data-dir to WikiText-2 files for the real thing)")
+
+
+@dataclass
+class Corpus:
+    train: list[str]    # lines of text
+    valid: list[str]
+    source: str         # where it came from, for the output and summary.json
+    real: bool          # False for the offline fallback
+
+
+@dataclass
+class Tokens:
+    train: np.ndarray   # int32 token ids, the whole split in one stream
+    valid: np.ndarray
+    vocab: int
+    tokenizer: str      # which tokenizer, for the output
+
+
+def _lines(path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def from_folder(folder) -> Corpus:
+    files = find_wikitext(folder)
+    note = f"; {files.note}" if files.note else ""
+    return Corpus(_lines(files.train), _lines(files.valid),
+                  f"WikiText-2 from {files.train.name} / {files.valid.name} in {files.train.parent}{note}", True)
+
+
+def from_hub() -> Corpus:
+    import datasets
+
+    ds = datasets.load_dataset("Salesforce/wikitext", "wikitext-2-raw-v1")
+    return Corpus(ds["train"]["text"], ds["validation"]["text"],
+                  "WikiText-2 from the Hugging Face hub (wikitext-2-raw-v1)", True)
+
+
+def offline_fallback() -> Corpus:
+    import pydoc_data.topics
+
+    paragraphs = [p for text in pydoc_data.topics.topics.values() for p in text.split("\n\n") if p.strip()]
+    cut = len(paragraphs) * 9 // 10
+    return Corpus(paragraphs[:cut], paragraphs[cut:], FALLBACK, False)
+
+
+def load_text() -> Corpus:
+    folder = data_dir()
+    if folder is not None:
+        return from_folder(folder)
+    if hub_reachable():
+        try:
+            return from_hub()
+        except Exception as exc:  # the hub answered but the download failed: fall back, loudly
+            print(f"warning: WikiText-2 from the hub failed ({exc}); using the offline fallback")
+    return offline_fallback()
+
+
+def tokenize(corpus: Corpus, vocab: int) -> Tokens:
+    """Rank 0 trains (or loads) the tokenizer first; the other ranks then read its cache."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank != 0:
+        dist.barrier()
+    tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, "wikitext-2")
+    if rank == 0 and dist.is_initialized():
+        dist.barrier()
+    eos = tokenizer.token_to_id("<|endoftext|>")
+
+    def encode(lines):  # one stream: each non-blank line, then end-of-text
+        ids = []
+        for enc in tokenizer.encode_batch([line.strip() for line in lines if line.strip()]):
+            ids += enc.ids + [eos]
+        return np.asarray(ids, dtype=np.int32)
+
+    return Tokens(encode(corpus.train), encode(corpus.valid), tokenizer.get_vocab_size(), name)
+
+
+def pack(ids: np.ndarray, seq: int) -> torch.Tensor:
+    """Fixed-length blocks of seq + 1 tokens (inputs block[:-1], targets block[1:]), no padding."""
+    n = (len(ids) - 1) // seq
+    starts = np.arange(n) * seq
+    return torch.from_numpy(np.stack([ids[s:s + seq + 1] for s in starts]).astype(np.int64))
+
+
+class Shards:
+    """Global batch t is the same B = micro * accum * world blocks on every rank and in every
+    run with this seed; rank r reads rows [r * micro * accum, (r + 1) * micro * accum)."""
+
+    def __init__(self, blocks: torch.Tensor, micro: int, accum: int, rank: int, world: int, seed: int):
+        self.blocks, self.micro, self.accum, self.rank, self.world = blocks, micro, accum, rank, world
+        self.per_rank = micro * accum
+        self.global_batch = self.per_rank * world
+        if len(blocks) < self.global_batch:
+            raise ValueError(f"{len(blocks)} blocks cannot fill a global batch of {self.global_batch}")
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order, self.epoch_steps = torch.randperm(len(blocks), generator=self.generator), len(blocks) // self.global_batch
+
+    def step(self, t: int) -> list[torch.Tensor]:
+        """This rank's micro-batches of global step t: `accum` tensors of (micro, seq + 1)."""
+        epoch, i = divmod(t, self.epoch_steps)
+        while epoch >= len(self.order) // len(self.blocks):  # a fresh permutation per epoch
+            self.order = torch.cat([self.order, torch.randperm(len(self.blocks), generator=self.generator)])
+        start = epoch * len(self.blocks) + i * self.global_batch + self.rank * self.per_rank
+        rows = self.order[start:start + self.per_rank]
+        return list(self.blocks[rows].split(self.micro))
+
+
+def eval_shard(blocks: torch.Tensor, rank: int, world: int, limit: int) -> torch.Tensor:
+    """This rank's share of the first `limit` validation blocks."""
+    return blocks[:limit][rank::world]

@@ -1,0 +1,124 @@
+"""A Llama-shaped decoder: RMSNorm, rotary position embeddings (RoPE), SwiGLU, no biases.
+
+Built from a `plscale.model_presets.ModelConfig`. Module names follow Hugging Face's
+LlamaForCausalLM (embed_tokens, layers.N.self_attn.q_proj ... mlp.down_proj, norm, lm_head)
+so DeepSpeed AutoTP recognises which projections to split by column and which by row.
+The output head shares the embedding's weight when `config.tie_embeddings`.
+
+    model = Llama(preset("small"))
+    loss = model(tokens, targets)          # (batch, seq) int64 -> mean cross-entropy
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plscale.model_presets import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight: LayerNorm without the mean and the bias."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_tables(head_dim: int, seq: int, theta: float, device=None):
+    """cos and sin of position * frequency, (seq, head_dim / 2) each."""
+    freqs = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each (even, odd) half-pair of x (batch, heads, seq, head_dim) by its angle."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden, c.hidden, bias=False)
+        self.k_proj = nn.Linear(c.hidden, c.kv_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden, c.kv_dim, bias=False)
+        self.o_proj = nn.Linear(c.hidden, c.hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.up_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.down_proj = nn.Linear(c.ffn, c.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden, c.norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden, c.norm_eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab, config.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.layers))
+        self.norm = RMSNorm(config.hidden, config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden, config.vocab, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        """GPT-2's initialisation: N(0, 0.02), residual outputs scaled by 1/sqrt(2L)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.normal_(0.0, std / math.sqrt(2 * self.config.layers))
+            else:
+                p.normal_(0.0, std)
+
+    def forward(self, tokens, targets=None):
+        cos, sin = rope_tables(self.config.head_dim, tokens.shape[1], self.config.rope_theta, tokens.device)
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

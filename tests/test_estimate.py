@@ -1,0 +1,169 @@
+"""The memory model against the ZeRO paper and DeepSpeed's own estimators; `plscale estimate memory`."""
+
+import contextlib
+import io
+import re
+
+import pytest
+import torch
+
+from conftest import run_cli
+from plscale.errors import UserError
+from plscale.memory_model import MODEL_STATES, Setup, estimate
+from plscale.model_presets import PRESETS, largest_layer_params, param_count, parse_count
+from plscale.rank.census import saved_activations
+from plscale.rank.models.llama import Llama
+
+
+def states(**kw) -> float:
+    return estimate(Setup(**kw)).model_states
+
+
+# ---- presets: exact parameter counts ---------------------------------------------------
+
+def test_param_count_matches_the_built_model():
+    for name in ("tiny", "small", "124m"):
+        with torch.device("meta"):
+            model = Llama(PRESETS[name])
+        assert param_count(PRESETS[name]) == sum(p.numel() for p in model.parameters()), name
+
+
+def test_presets_reproduce_published_llama_sizes():
+    assert param_count(PRESETS["7b"]) == 6_738_415_616      # Llama-2-7B
+    assert param_count(PRESETS["1b"]) == 1_235_814_400      # Llama-3.2-1B
+    assert 123e6 < param_count(PRESETS["124m"]) < 125e6
+    assert parse_count("7b") == 7_000_000_000 and parse_count("350M") == 350_000_000
+    assert parse_count("1.3e9") == 1_300_000_000
+    with pytest.raises(UserError):
+        parse_count("seven")
+
+
+# ---- the ZeRO paper ----------------------------------------------------------------------
+
+def test_zero_paper_figure_1():
+    """Ψ = 7.5B, N = 64, K = 12, mixed precision: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU."""
+    psi, n = 7.5e9, 64
+    got = [states(params=psi, stage=s, dp=n, precision="fp16") / 1e9 for s in range(4)]
+    assert got == pytest.approx([120, 31.4, 16.6, 1.875], abs=0.06)
+    assert got[0] == (2 + 2 + 12) * psi / 1e9
+    assert got[1] == pytest.approx((2 * psi + 2 * psi + 12 * psi / n) / 1e9)
+    assert got[2] == pytest.approx((2 * psi + (2 + 12) * psi / n) / 1e9)
+    assert got[3] == pytest.approx((2 + 2 + 12) * psi / n / 1e9)
+
+
+def test_fp32_matches_what_deepspeed_keeps():
+    """fp32: no master copy at stage 0 (16Ψ), DeepSpeed's own master copy from stage 1 (K = 12)."""
+    psi, n = 20_000_000, 2
+    assert [states(params=psi, stage=s, dp=n, precision="fp32") for s in range(4)] == [
+        16 * psi, 8 * psi + 12 * psi / n, 4 * psi + 16 * psi / n, 20 * psi / n]
+
+
+def test_offload_moves_states_to_the_host():
+    e = estimate(Setup(params=1e9, stage=3, dp=4, offload_optimizer=True, offload_param=True))
+    assert e.total("device") == 0
+    assert e.total("host") == pytest.approx(16e9 / 4)
+    e = estimate(Setup(params=1e9, stage=2, dp=4, offload_optimizer=True))
+    assert e.total("device") == 2e9 and e.total("host") == pytest.approx(14e9 / 4)
+
+
+def test_tensor_and_pipeline_parallel_divide_the_parameters():
+    a = states(params=8e9, stage=1, dp=2, tp=2, pp=2)
+    assert a == states(params=2e9, stage=1, dp=2)
+
+
+# ---- DeepSpeed's estimators, same inputs ---------------------------------------------------
+
+def _deepspeed_printed(fn, model, gpus) -> dict:
+    """Run one of DeepSpeed's *_all_live estimators; {options: per-GPU GB} from its table."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fn(model, num_gpus_per_node=gpus, num_nodes=1)
+    rows = re.findall(r"^\s*[\d.]+GB \|\s*([\d.]+)GB \| (.+)$", out.getvalue(), re.M)
+    return {options.replace("OffloadDeviceEnum.", "").strip(): float(gb) for gb, options in rows}
+
+
+def test_deepspeed_estimators_agree():
+    from deepspeed.runtime.zero.stage3 import (estimate_zero3_model_states_mem_needs,
+                                               estimate_zero3_model_states_mem_needs_all_live, model_to_params)
+    from deepspeed.runtime.zero.stage_1_and_2 import model_to_params as zero2_params
+    from deepspeed.runtime.zero.stage_1_and_2 import (estimate_zero2_model_states_mem_needs,
+                                                      estimate_zero2_model_states_mem_needs_all_live)
+
+    config, gpus = PRESETS["124m"], 4
+    model = Llama(config)
+    total, largest = model_to_params(model)
+    assert (total, largest) == (param_count(config), largest_layer_params(config))
+    assert zero2_params(model) == total
+
+    def ours(stage, offload_optimizer=False, offload_param=False):
+        return estimate(Setup(params=total, stage=stage, dp=gpus, offload_optimizer=offload_optimizer,
+                              offload_param=offload_param, largest_layer=largest,
+                              accounting="deepspeed")).total("device")
+
+    # exact bytes against the functions the estimators call
+    for offload in (False, True):
+        _, gpu = estimate_zero2_model_states_mem_needs(total, gpus, 1, cpu_offload=offload)
+        assert ours(2, offload) == pytest.approx(gpu, abs=1)
+    for offload, offload_param in ((False, False), (True, False), (True, True)):
+        _, gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, gpus, 1, cpu_offload=offload,
+                                                          cpu_offload_params=offload_param)
+        assert ours(3, offload, offload_param) == pytest.approx(gpu, abs=1)
+
+    # and the tables that the *_all_live estimators print for the real model
+    printed = _deepspeed_printed(estimate_zero2_model_states_mem_needs_all_live, model, gpus)
+    assert printed["offload_optimizer=none"] == round(ours(2) / 2**30, 2)
+    assert printed["offload_optimizer=cpu"] == round(ours(2, True) / 2**30, 2)
+    printed = _deepspeed_printed(estimate_zero3_model_states_mem_needs_all_live, model, gpus)
+    assert printed["offload_param=none, offload_optimizer=none, zero_init=1"] == round(ours(3) / 2**30, 2)
+    assert printed["offload_param=cpu, offload_optimizer=cpu, zero_init=1"] == round(ours(3, True, True) / 2**30, 2)
+
+
+# ---- activations: the formula against autograd's saved tensors ------------------------------
+
+@pytest.mark.parametrize("batch,seq", [(2, 32), (3, 64)])
+def test_activation_formula_counts_what_autograd_saves(batch, seq):
+    config = PRESETS["tiny"]
+    torch.manual_seed(0)
+    model = Llama(config)
+    tokens = torch.randint(0, config.vocab, (batch, seq + 1))
+    with saved_activations() as acts:
+        model(tokens[:, :-1], tokens[:, 1:])
+    predicted = estimate(Setup(params=param_count(config), precision="fp32", model=config, seq=seq,
+                               micro_batch=batch)).term("activations").device
+    # the formula leaves out the token ids, the targets and RoPE's tables (a few KiB)
+    assert predicted <= acts.bytes <= predicted * 1.01 + 16_384
+
+
+# ---- the CLI -------------------------------------------------------------------------------
+
+def test_cli_table_and_help_name_the_formulas():
+    out = run_cli("estimate", "memory", "--model", "7b", "--stage", "3", "--gpus", "8")
+    assert out.returncode == 0, out.stderr
+    for word in ("parameters", "gradients", "optimizer: fp32 master", "optimizer: Adam moments", "activations", "2Ψ/N"):
+        assert word in out.stdout
+    # 7b, bf16, stage 3, N = 8: (2 + 2 + 12) * 6.74e9 / 8 bytes = 12.55 GiB of model states
+    expected = 16 * 6_738_415_616 / 8 / 2**30
+    states_gib = sum(float(re.search(rf"{re.escape(n)}\s*│\s*([\d.]+)", out.stdout).group(1)) for n in MODEL_STATES)
+    assert states_gib == pytest.approx(expected, abs=0.02)
+    help_text = run_cli("estimate", "memory", "--help").stdout
+    assert "stage 2: pΨ + (p+K)Ψ/N" in help_text and "K = 12" in help_text
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stage", "4"], "ZeRO stage 4 does not exist"),
+    (["--stage", "1", "--offload-param"], "Parameter offload needs ZeRO stage 3"),
+    (["--stage", "0", "--offload-optimizer"], "Optimizer offload needs ZeRO stage"),
+    (["--model", "7b", "--stage", "0", "--gpus", "8", "--budget", "80"], "over the budget of 80 GiB"),
+    (["--gpus", "8", "--micro-batch", "2", "--global-batch", "10"], "--global-batch 10 != micro batch 2"),
+    (["--gpus", "6", "--tp", "4"], "not a multiple of tp 4"),
+    (["--model", "twelve"], "neither a model preset"),
+])
+def test_cli_bad_input_is_one_line_exit_2(args, message):
+    out = run_cli("estimate", "memory", *args)
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_budget_that_fits_says_so():
+    out = run_cli("estimate", "memory", "--model", "1b", "--stage", "3", "--gpus", "8", "--budget", "80")
+    assert out.returncode == 0 and "fits:" in out.stdout
