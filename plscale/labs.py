@@ -48,6 +48,18 @@ class Lab:
     data: str | None = None  # the dataset, so the host can check --data-dir before launching
     sweep: list = field(default_factory=list)  # variants `--sweep` runs in turn
     sweep_report: str | None = None            # script run on the sweep directory afterwards
+    check: str | None = None                   # host-side script: check(settings, plan) raises UserError
+
+    def check_settings(self, settings: dict, plan) -> None:
+        """Run the lab's own host-side checks, so bad settings fail before anything launches."""
+        if not self.check:
+            return
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"plscale_check_{self.number}", self.folder / self.check)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.check(settings, plan)
 
     @property
     def entry_path(self) -> Path:
@@ -85,7 +97,7 @@ def load_lab(folder: Path) -> Lab:
         aliases=raw.get("aliases") or [], cpu_minutes=float(raw.get("cpu_minutes", 1)),
         gpu_required=bool(raw.get("gpu_required", False)), predicts=raw.get("predicts") or [],
         data=raw.get("data"), sweep=(raw.get("sweep") or {}).get("variants", []),
-        sweep_report=(raw.get("sweep") or {}).get("report"),
+        sweep_report=(raw.get("sweep") or {}).get("report"), check=raw.get("check"),
     )
 
 

@@ -48,6 +48,8 @@ def test_lab_list_and_show():
     (["lab", "run", "mnist", "--data-dir", "/nonexistent"], "is not a folder"),
     (["lab", "run", "mnist", "--sweep"], "has no sweep"),
     (["report", "/nonexistent"], "is not a run directory"),
+    (["lab", "run", "zero2", "--set", "model.preset=smol"], "No model preset 'smol'. Did you mean: small?"),
+    (["lab", "run", "collectives", "--set", "tour.ops=foo"], "tour.ops: unknown primitive 'foo'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     result = cli(*args)

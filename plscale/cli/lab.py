@@ -130,6 +130,7 @@ def _run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False)
     settings = resolve(lab.settings, chosen.overrides, opts.sets)
     run_dir = new_run_dir(lab.id, chosen.name, create=False)
     the_plan = plan(lab, chosen, opts, run_dir)
+    lab.check_settings(settings, the_plan)
     config = _ds_config(settings, the_plan.world_size, opts.ds_config)
     if dry_run:
         if not quiet:

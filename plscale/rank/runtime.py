@@ -11,6 +11,7 @@ Works under `plscale lab run`, the plain `deepspeed` launcher and `torchrun`: wi
 import argparse
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,6 +77,9 @@ def _args(argv):
 
 
 def start(entry_file: str, argv=None) -> Context:
+    # Deprecation notices from inside DeepSpeed's calls and from walking live objects (the
+    # memory census): noise to a student, nothing the lab can act on.
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.(all_gather_into_tensor|reduce_op)`? is deprecated")
     args = _args(sys.argv[1:] if argv is None else argv)
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))

@@ -83,7 +83,8 @@ def tokenize(corpus: Corpus, vocab: int) -> Tokens:
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank != 0:
         dist.barrier()
-    tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, "wikitext-2")
+    label = "wikitext-2" if corpus.real else "the offline fallback text"
+    tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, label)
     if rank == 0 and dist.is_initialized():
         dist.barrier()
     eos = tokenizer.token_to_id("<|endoftext|>")

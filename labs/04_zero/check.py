@@ -1,0 +1,11 @@
+"""Host-side checks of the ZeRO lab's settings (no torch): fail in one line before launch."""
+
+from plscale.errors import UserError
+from plscale.model_presets import preset
+
+
+def check(settings: dict, plan) -> None:
+    config = preset(settings["model"]["preset"])  # an unknown preset names the nearest
+    seq = settings["model"]["seq"]
+    if not 8 <= seq <= config.max_seq:
+        raise UserError(f"model.seq {seq}: use 8 to {config.max_seq} for preset {settings['model']['preset']!r}.")
