@@ -6,7 +6,7 @@
 PYTHON     ?= python3
 VENV       ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-DEMO_LAB   ?= mnist-dp
+DEMO_LAB   ?= zero2
 BIN        := $(VENV)/bin
 
 .PHONY: setup demo test bench clean
