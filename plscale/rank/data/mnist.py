@@ -3,17 +3,15 @@ hub through `datasets` (cached), or, offline with neither, synthetic seven-segme
 digits that are clearly labelled as not being MNIST."""
 
 import gzip
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from plscale.datafiles import data_dir
 from plscale.datafiles.mnist import find_mnist
-from plscale.hardware import hub_reachable
 from plscale.rank.data.digits import synthetic_digits
+from plscale.rank.data.sources import first_available
 
 
 @dataclass
@@ -56,16 +54,12 @@ def from_hub() -> Mnist:
     return Mnist(split("train"), split("test"), "MNIST from the Hugging Face hub (ylecun/mnist)", True)
 
 
-def load() -> Mnist:
-    folder = data_dir()
-    if folder is not None:
-        return from_folder(folder)
-    if hub_reachable():
-        try:
-            return from_hub()
-        except Exception as exc:  # the hub answered but the download failed: fall back, loudly
-            print(f"warning: MNIST from the hub failed ({exc}); using the offline fallback")
+def offline_fallback() -> Mnist:
     images, labels = synthetic_digits(14_000, seed=1234)
     return Mnist(Split(images[:12_000], labels[:12_000]), Split(images[12_000:], labels[12_000:]),
                  "OFFLINE FALLBACK: synthetic seven-segment digits, not MNIST "
                  "(set --data-dir to MNIST idx files for the real thing)", False)
+
+
+def load() -> Mnist:
+    return first_available("MNIST", from_folder, from_hub, offline_fallback)

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from plscale.datafiles import data_dir
 from plscale.datafiles.wikitext import find_wikitext
-from plscale.hardware import hub_reachable
 from plscale.rank.data.bpe import gpt2_or_local
+from plscale.rank.data.sources import first_available
 
 FALLBACK = ("OFFLINE FALLBACK: Python's bundled reference text (pydoc_data.topics), not WikiText-2 "
             "(set --data-dir to WikiText-2 files for the real thing)")
@@ -67,15 +66,7 @@ def offline_fallback() -> Corpus:
 
 
 def load_text() -> Corpus:
-    folder = data_dir()
-    if folder is not None:
-        return from_folder(folder)
-    if hub_reachable():
-        try:
-            return from_hub()
-        except Exception as exc:  # the hub answered but the download failed: fall back, loudly
-            print(f"warning: WikiText-2 from the hub failed ({exc}); using the offline fallback")
-    return offline_fallback()
+    return first_available("WikiText-2", from_folder, from_hub, offline_fallback)
 
 
 def tokenize(corpus: Corpus, vocab: int) -> Tokens:
