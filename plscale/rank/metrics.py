@@ -22,6 +22,10 @@ class Metrics:
         self.file = open(run_dir / "metrics.jsonl", "a", buffering=1) if self.active else None
         self.cli = os.environ.get("PLSCALE_CLI") == "1"
 
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
     def step(self, **fields) -> None:
         if self.active:
             self.file.write(json.dumps({"time": round(time.time(), 3), **fields}) + "\n")
