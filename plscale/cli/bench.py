@@ -12,7 +12,6 @@ import typer
 from plscale import busbw, labs
 from plscale.cli.output import console
 from plscale.errors import UserError
-from plscale.hardware import cuda_gpus
 from plscale.launch import Options
 from plscale.report import show
 
@@ -34,29 +33,26 @@ def collectives(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command; run nothing."),
 ) -> None:
     """all_reduce, all_gather, reduce_scatter, broadcast, all_to_all: time, algbw, busbw per size."""
-    from plscale.cli.lab import _run_variant
+    from plscale.cli.lab import run_variant
 
     lab, _ = labs.find("collectives")
     variant = lab.variant("bench")
     ranks = lab.default_ranks if gpus is None else gpus
-    device = "cpu" if cpu or not cuda_gpus() else "cuda"
-    chosen_ops = busbw.parse_ops(ops)
-    busbw.check_dtype(dtype)
     if ranks < 2:
         raise UserError(f"--gpus {ranks}: collectives need 2 or more ranks.")
     if iters is not None and iters < 1:
         raise UserError(f"--iters {iters}: use 1 or more.")
     if budget is not None and budget <= 0:
         raise UserError(f"--budget {budget:g}: use a positive number of seconds.")
-    busbw.resolve_sizes(sizes, chosen_ops, dtype, ranks, device, busbw.memory_available(device))
     if out is not None and out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file: give a folder.")
-    sets = [f"bench.sizes={sizes}", f"bench.ops={','.join(chosen_ops)}", f"bench.dtype={dtype}",
+    # Sizes, collectives, dtype and memory are checked by the lab's check.py before launch.
+    sets = [f"bench.sizes={sizes}", f"bench.ops={ops}", f"bench.dtype={dtype}",
             f"bench.ring={str(ring).lower()}", f"bench.naive={str(ring).lower()}"]
     sets += [f"bench.iters={iters}"] if iters is not None else []
     sets += [f"bench.budget_s={budget}"] if budget is not None else []
     opts = Options(gpus=ranks, launcher=launcher, cpu=cpu, sets=sets)
-    run_dir = _run_variant(lab, variant, opts, dry_run)
+    run_dir = run_variant(lab, variant, opts, dry_run)
     if run_dir is None:
         return
     show(run_dir, console)

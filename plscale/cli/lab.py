@@ -97,7 +97,7 @@ def run_lab(
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
                    list(sets), ds_config, data_dir)
     if not sweep:
-        run_dir = _run_variant(lab, chosen, opts, dry_run)
+        run_dir = run_variant(lab, chosen, opts, dry_run)
         if run_dir and (run_dir / "summary.json").exists():
             show(run_dir, console)
         elif run_dir:  # a node other than node 0: global rank 0 wrote the summary there
@@ -107,11 +107,11 @@ def run_lab(
         raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
     variants = [lab.variant(v) for v in lab.sweep]
     for v in variants:  # check every variant's plan before running any
-        _run_variant(lab, v, opts, dry_run=True, quiet=not dry_run)
+        run_variant(lab, v, opts, dry_run=True, quiet=not dry_run)
     if dry_run:
         return
     sweep_dir = new_run_dir(lab.id, "sweep")
-    run_dirs = [str(_run_variant(lab, v, opts, dry_run=False)) for v in variants]
+    run_dirs = [str(run_variant(lab, v, opts, dry_run=False)) for v in variants]
     write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": lab.sweep, "runs": run_dirs})
     if lab.sweep_report:
         import subprocess
@@ -122,7 +122,7 @@ def run_lab(
     console.print(f"sweep directory: {sweep_dir}")
 
 
-def _run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) -> Path | None:
+def run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) -> Path | None:
     """Plan, write the run directory, run. Everything a user can get wrong fails before
     anything is written."""
     from plscale import runner
