@@ -36,7 +36,7 @@ def run(plan: Plan, run_dir: Path, console: Console) -> int:
             code = proc.wait()
         except KeyboardInterrupt:
             console.print("[yellow]Interrupted: stopping every rank...[/]")
-            _stop(proc)
+            stop(proc)
             return 130
     if code != 0:
         _report_failure(run_dir, code, console)
@@ -72,7 +72,7 @@ def _stream(proc: subprocess.Popen, log, console: Console) -> None:
         bar.stop()
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen) -> None:
     """SIGINT, then SIGTERM, then SIGKILL to the whole process group: no orphan ranks."""
     for sig, wait in ((signal.SIGINT, 5), (signal.SIGTERM, 3), (signal.SIGKILL, 2)):
         try:

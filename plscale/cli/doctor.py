@@ -3,7 +3,6 @@
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from plscale import labs
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
+from plscale.runner import stop
 
 
 def doctor(
@@ -111,7 +111,7 @@ def distributed_check(gpus: int | None, timeout: float, cpu: bool) -> None:
             time.sleep(0.2)
         statuses = _read_statuses(run_dir)
         timed_out = proc.poll() is None
-        _stop(proc)
+        stop(proc)
     ok = _report(statuses, ranks, time.time() - start, timeout if timed_out else None, run_dir)
     if not ok:
         raise typer.Exit(1)
@@ -126,17 +126,6 @@ def _read_statuses(run_dir: Path) -> dict:
             continue
         statuses[status["rank"]] = status
     return statuses
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=5)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
 
 
 def _report(statuses: dict, ranks: int, elapsed: float, timed_out: float | None, run_dir: Path) -> bool:
