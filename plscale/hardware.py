@@ -1,5 +1,6 @@
 """What the host has, found without importing torch: GPUs (nvidia-smi), cores, the hub."""
 
+import functools
 import os
 import shutil
 import socket
@@ -35,6 +36,12 @@ def hub_reachable(timeout: float = 1.5) -> bool:
     """True when the Hugging Face hub answers a TCP connect; honours HF_HUB_OFFLINE=1."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
         return False
+    return _hub_answers(timeout)
+
+
+@functools.cache
+def _hub_answers(timeout: float) -> bool:
+    """Asked once per process: a sweep plans many runs; a rank loads data and a tokenizer."""
     try:
         with socket.create_connection(("huggingface.co", 443), timeout=timeout):
             return True
