@@ -17,17 +17,25 @@ def runs_root() -> Path:
 
 
 def new_run_dir(lab_id: str, variant: str, root: Path | None = None, create: bool = True) -> Path:
-    """A fresh runs/<time>-<lab>-<variant>/ (created unless create=False)."""
+    """A fresh runs/<time>-<lab>-<variant>/. With create=True it is claimed atomically, so
+    runs started in the same second (two nodes sharing runs/, say) never get the same one;
+    create=False only names one, for a plan that may still be refused."""
     root = root or runs_root()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = root / f"{stamp}-{lab_id}-{variant}"
     n = 1
-    while path.exists():
+    while True:
+        path = root / (f"{stamp}-{lab_id}-{variant}" + (f"-{n}" if n > 1 else ""))
+        if not create:
+            if not path.exists():
+                return path.resolve()
+        else:
+            root.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir()
+                return path.resolve()
+            except FileExistsError:
+                pass
         n += 1
-        path = root / f"{stamp}-{lab_id}-{variant}-{n}"
-    if create:
-        path.mkdir(parents=True)
-    return path.resolve()
 
 
 def write_json(path: Path, data) -> None:

@@ -143,7 +143,15 @@ def test_two_nodes_on_one_machine(tmp_path):
             "--master-addr", "127.0.0.1", "--master-port", port, "--steps", "10"]
     nodes = [subprocess.Popen(base + ["--node-rank", str(r)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    deadline = time.time() + 300
+    while time.time() < deadline and any(node.poll() is None for node in nodes):
+        if any(node.poll() not in (None, 0) for node in nodes):
+            break  # one node failed: the other would wait for it forever
+        time.sleep(0.5)
+    for node in nodes:
+        if node.poll() is None:
+            node.kill()
+    outputs = [node.communicate()[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs
     summaries = list(tmp_path.glob("*/summary.json"))
     assert len(summaries) == 1, "exactly one node (node 0) holds global rank 0"

@@ -128,8 +128,7 @@ def run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) 
     from plscale import runner
 
     settings = resolve(lab.settings, chosen.overrides, opts.sets)
-    run_dir = new_run_dir(lab.id, chosen.name, create=False)
-    the_plan = plan(lab, chosen, opts, run_dir)
+    the_plan = plan(lab, chosen, opts, new_run_dir(lab.id, chosen.name, create=False))
     lab.check_settings(settings, the_plan)
     config = _ds_config(settings, the_plan.world_size, opts.ds_config)
     if dry_run:
@@ -137,7 +136,8 @@ def run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) 
             console.print(the_plan.notice)
             console.print("[bold]command:[/]", the_plan.shell(), highlight=False, soft_wrap=True)
         return None
-    run_dir.mkdir(parents=True)
+    run_dir = new_run_dir(lab.id, chosen.name)  # claimed only now that the plan is accepted
+    the_plan = plan(lab, chosen, opts, run_dir)
     for name, text in the_plan.files.items():
         (run_dir / name).write_text(text)
     write_json(run_dir / "ds_config.json", config)
