@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from plscale import busbw
+from plscale.predict import busbw
 
 TARGET = 1.5
 

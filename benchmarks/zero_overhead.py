@@ -30,7 +30,7 @@ def bare_rank(args) -> None:
     import deepspeed
     import torch
 
-    from plscale.model_presets import preset
+    from plscale.predict.presets import preset
     from plscale.rank import distributed
     from plscale.rank.data import wikitext
     from plscale.rank.models.llama import Llama

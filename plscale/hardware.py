@@ -1,4 +1,4 @@
-"""What the host has, found without importing torch: GPUs (nvidia-smi), cores, the hub."""
+"""What the host has, found without importing torch: GPUs (nvidia-smi), cores, memory, the hub."""
 
 import functools
 import os
@@ -53,3 +53,23 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def memory_available(device: str) -> int | None:
+    """Bytes free for buffers: the host's MemAvailable on CPU, the smallest GPU's total on CUDA
+    (nvidia-smi); None when it cannot be told."""
+    if device == "cuda":
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return min(int(line) for line in out.split()) * 2**20
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

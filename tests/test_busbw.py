@@ -2,7 +2,7 @@
 
 import pytest
 
-from plscale import busbw
+from plscale.predict import busbw
 from plscale.errors import UserError
 
 K, M, G = 2**10, 2**20, 2**30

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from conftest import figures, load_summary, only_run
-from plscale import busbw
+from plscale.predict import busbw
 
 
 @pytest.mark.e2e

@@ -9,8 +9,8 @@ import torch
 
 from conftest import run_cli
 from plscale.errors import UserError
-from plscale.memory_model import MODEL_STATES, Setup, estimate
-from plscale.model_presets import PRESETS, largest_layer_params, param_count, parse_count
+from plscale.predict.memory import MODEL_STATES, Setup, estimate
+from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
 from plscale.rank.census import saved_activations
 from plscale.rank.models.llama import Llama
 

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from plscale import labs
+from plscale.run import labs
 from plscale.errors import UserError
-from plscale.settings import resolve
+from plscale.run.settings import resolve
 
 
 def test_every_lab_manifest_is_complete():

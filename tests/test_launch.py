@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from plscale import labs
+from plscale.run import labs
 from plscale.errors import UserError
-from plscale.launch import Options, plan
+from plscale.run.launch import Options, plan
 
 RUN = Path("/tmp/run-x")
 
@@ -24,7 +24,7 @@ def offline(monkeypatch):
 
 
 def test_cpu_plan_uses_gloo_environment(mnist, monkeypatch):
-    monkeypatch.setattr("plscale.launch.cpu_cores", lambda: 8)
+    monkeypatch.setattr("plscale.run.launch.cpu_cores", lambda: 8)
     p = plan(*mnist, Options(gpus=2), RUN, gpus_present=[])
     assert p.device == "cpu" and p.ranks == 2 and p.world_size == 2
     assert p.env["DS_ACCELERATOR"] == "cpu"
@@ -38,7 +38,7 @@ def test_cpu_plan_uses_gloo_environment(mnist, monkeypatch):
 
 
 def test_threads_never_below_one(mnist, monkeypatch):
-    monkeypatch.setattr("plscale.launch.cpu_cores", lambda: 2)
+    monkeypatch.setattr("plscale.run.launch.cpu_cores", lambda: 2)
     assert plan(*mnist, Options(gpus=8), RUN, gpus_present=[]).env["OMP_NUM_THREADS"] == "1"
 
 

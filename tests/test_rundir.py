@@ -2,7 +2,7 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
-from plscale import rundir
+from plscale.run import rundir
 
 
 def test_same_second_runs_get_distinct_directories(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 import pytest
 
 from plscale.errors import UserError
-from plscale.settings import flatten, parse_assignment, resolve
+from plscale.run.settings import flatten, parse_assignment, resolve
 
 DEFAULTS = {"seed": 0, "train": {"steps": 10, "lr": 0.1, "fast": False}, "ds": {"stage": 0}}
 

@@ -1,7 +1,8 @@
 """Host-side checks of the collectives lab's settings (no torch): fail in one line before launch."""
 
-from plscale import busbw
 from plscale.errors import UserError, did_you_mean
+from plscale.hardware import memory_available
+from plscale.predict import busbw
 
 TOUR = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "scatter", "gather",
         "barrier")
@@ -17,4 +18,4 @@ def check(settings: dict, plan) -> None:
     bench = settings["bench"]
     ops, dtype = busbw.parse_ops(bench["ops"]), busbw.check_dtype(bench["dtype"])
     busbw.resolve_sizes(bench["sizes"], ops, dtype, plan.world_size, plan.device,
-                        busbw.memory_available(plan.device))
+                        memory_available(plan.device))

@@ -17,12 +17,13 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from plscale import busbw
 from plscale.errors import UserError
+from plscale.hardware import memory_available
+from plscale.predict import busbw
 from plscale.rank import runtime
-from plscale.rank.collectives.bench import all_gather_single, measure, reduce_scatter_single
-from plscale.rank.collectives.naive import naive_all_reduce
-from plscale.rank.collectives.ring import ring_all_reduce
+from plscale.rank.collective_timing import all_gather_single, measure, reduce_scatter_single
+from plscale.rank.parallel.naive import naive_all_reduce
+from plscale.rank.parallel.ring import ring_all_reduce
 from plscale.rank.metrics import figure
 
 ctx = runtime.start(__file__)
@@ -243,7 +244,7 @@ def ring():
 def bench():
     B = S["bench"]
     ops, dtype = busbw.parse_ops(B["ops"]), busbw.check_dtype(B["dtype"])
-    sizes = busbw.resolve_sizes(B["sizes"], ops, dtype, N, dev.type, busbw.memory_available(dev.type))
+    sizes = busbw.resolve_sizes(B["sizes"], ops, dtype, N, dev.type, memory_available(dev.type))
     rows, total, done = [], len(ops) * len(sizes), 0
     ctx.log(f"{N} ranks over {ctx.backend} ({dev.type}), {dtype}, sizes {busbw.human(sizes[0])}-"
             f"{busbw.human(sizes[-1])}; GB = 1e9 bytes")

@@ -1,7 +1,7 @@
 """Host-side checks of the ZeRO lab's settings (no torch): fail in one line before launch."""
 
 from plscale.errors import UserError
-from plscale.model_presets import preset
+from plscale.predict.presets import preset
 
 
 def check(settings: dict, plan) -> None:

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from deepspeed.comm import comm as ds_comm
 
-from plscale.memory_model import MODEL_STATES, Setup, estimate
-from plscale.model_presets import flops_per_token, param_count, preset
+from plscale.predict.memory import MODEL_STATES, Setup, estimate
+from plscale.predict.presets import flops_per_token, param_count, preset
 from plscale.rank import runtime
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import typer
 
-from plscale import busbw, labs
+from plscale.predict import busbw
+from plscale.run import labs
 from plscale.cli.output import console
 from plscale.errors import UserError
-from plscale.launch import Options
-from plscale.report import show
+from plscale.run.launch import Options
+from plscale.run.report import show
 
 app = typer.Typer(help="Benchmarks that print what they measure.", no_args_is_help=True)
 

@@ -11,6 +11,7 @@ from plscale.dsconfig.explain import diff as diff_configs
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.cli.output import console
 from plscale.errors import UserError
+from plscale.files import write_atomic
 
 app = typer.Typer(help="Generate, check, compare and sync DeepSpeed configs.", no_args_is_help=True)
 
@@ -39,7 +40,7 @@ def new(
                   offload_param=offload_param, micro_batch=micro_batch, grad_accum=grad_accum,
                   world_size=gpus, lr=lr, grad_clip=grad_clip, activation_checkpointing=activation_checkpointing,
                   comms_logger=comms_logger, flops_profiler=flops_profiler)
-    standard.write_atomic(output, standard.render(build(spec)))
+    write_atomic(output, standard.render(build(spec)))
     console.print(f"wrote {output}")
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from plscale import labs
+from plscale.run import labs
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
-from plscale.runner import stop
+from plscale.run.runner import stop
 
 
 def doctor(
@@ -79,7 +79,7 @@ def doctor(
 def distributed_check(gpus: int | None, timeout: float, cpu: bool) -> None:
     """Launch plscale/rank/sanity.py on N ranks (torchrun), wait up to `timeout` seconds, and
     report every rank, naming the ones that did not answer. Exit 1 unless all passed."""
-    from plscale.rundir import new_run_dir
+    from plscale.run.rundir import new_run_dir
 
     names = [] if cpu else cuda_gpus()
     ranks = gpus if gpus is not None else (len(names) or 2)

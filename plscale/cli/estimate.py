@@ -6,8 +6,8 @@ from rich.table import Table
 
 from plscale.cli.output import console
 from plscale.errors import UserError
-from plscale.memory_model import Setup, estimate, gib
-from plscale.model_presets import PRESETS, largest_layer_params, param_count, parse_count
+from plscale.predict.memory import Setup, estimate, gib
+from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
 
 app = typer.Typer(help="Estimate what a training run needs before you rent it.", no_args_is_help=True)
 

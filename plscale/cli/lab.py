@@ -7,15 +7,17 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from plscale import datafiles, labs
+from plscale import datafiles
+from plscale.run import labs
 from plscale.dsconfig.check import check, load
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.cli.output import console
 from plscale.errors import UserError
-from plscale.launch import Options, plan
-from plscale.report import show
-from plscale.rundir import new_run_dir, write_json
-from plscale.settings import flatten, resolve
+from plscale.run.launch import Options, plan
+from plscale.run.report import show
+from plscale.files import write_json
+from plscale.run.rundir import new_run_dir
+from plscale.run.settings import flatten, resolve
 
 app = typer.Typer(help="List, show and run the labs.", no_args_is_help=True)
 
@@ -125,7 +127,7 @@ def run_lab(
 def run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) -> Path | None:
     """Plan, write the run directory, run. Everything a user can get wrong fails before
     anything is written."""
-    from plscale import runner
+    from plscale.run import runner
 
     settings = resolve(lab.settings, chosen.overrides, opts.sets)
     the_plan = plan(lab, chosen, opts, new_run_dir(lab.id, chosen.name, create=False))
@@ -154,7 +156,7 @@ def run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) 
 
 def report(run_dir: Path = typer.Argument(None, help="A run directory (default: the newest under runs/).")) -> None:
     """Show a finished run's summary: measured figures beside predictions."""
-    from plscale.rundir import runs_root
+    from plscale.run.rundir import runs_root
 
     if run_dir is None:
         runs = sorted(p for p in runs_root().glob("*") if p.is_dir())

@@ -1,6 +1,6 @@
 """What each DeepSpeed setting does to memory, communication and speed, for `config diff`."""
 
-from plscale.settings import flatten
+from plscale.run.settings import flatten
 
 # Longest matching dotted prefix wins.
 MEANING = {

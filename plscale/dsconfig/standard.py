@@ -4,11 +4,10 @@ The files leave train_batch_size out so one file serves any number of ranks.
 """
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from plscale.dsconfig.spec import DSSpec, build
+from plscale.files import write_atomic
 
 STANDARD = {
     "zero0": DSSpec(stage=0),
@@ -42,15 +41,6 @@ def drifted(folder: Path | None = None) -> list[str]:
     want = expected()
     have = {p.name: p.read_text() for p in folder.glob("*.json")} if folder.is_dir() else {}
     return sorted(name for name in set(want) | set(have) if want.get(name) != have.get(name))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a good file is never half-replaced."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def sync(folder: Path | None = None) -> list[str]:

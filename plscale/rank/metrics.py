@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from plscale.rundir import write_json
+from plscale.files import write_json
 
 
 def figure(name: str, value, unit: str = "", predicted=None, note: str = "") -> dict:

@@ -20,12 +20,13 @@ import torch.distributed as dist
 
 from plscale.dsconfig.check import load as load_ds_config
 from plscale.dsconfig.spec import DSSpec, build
-from plscale.labs import load_lab
+from plscale.run.labs import load_lab
 from plscale.rank import distributed, logs
 from plscale.rank.metrics import Metrics
 from plscale.rank.system import describe
-from plscale.rundir import new_run_dir, write_json
-from plscale.settings import resolve
+from plscale.files import write_json
+from plscale.run.rundir import new_run_dir
+from plscale.run.settings import resolve
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """A Llama-shaped decoder: RMSNorm, rotary position embeddings (RoPE), SwiGLU, no biases.
 
-Built from a `plscale.model_presets.ModelConfig`. Module names follow Hugging Face's
+Built from a `plscale.predict.presets.ModelConfig`. Module names follow Hugging Face's
 LlamaForCausalLM (embed_tokens, layers.N.self_attn.q_proj ... mlp.down_proj, norm, lm_head)
 so DeepSpeed AutoTP recognises which projections to split by column and which by row.
 The output head shares the embedding's weight when `config.tie_embeddings`.
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plscale.model_presets import ModelConfig
+from plscale.predict.presets import ModelConfig
 
 
 class RMSNorm(nn.Module):

@@ -9,7 +9,6 @@ import os
 import time
 from pathlib import Path
 
-from plscale.dsconfig.standard import write_atomic
 
 
 def runs_root() -> Path:
@@ -36,14 +35,6 @@ def new_run_dir(lab_id: str, variant: str, root: Path | None = None, create: boo
             except FileExistsError:
                 pass
         n += 1
-
-
-def write_json(path: Path, data) -> None:
-    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def read_json(path: Path):
-    return json.loads(Path(path).read_text())
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from plscale.errors import UserError
-from plscale.rundir import read_json
+from plscale.files import read_json
 
 
 def fmt(value) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from plscale.launch import Plan
+from plscale.run.launch import Plan
 
 PROGRESS = "PLSCALE_PROGRESS "
 # The launchers' and DeepSpeed's own start-up chatter: kept in launcher.log, not shown.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
-from plscale.labs import Lab, Variant
+from plscale.run.labs import Lab, Variant
 
 LAUNCHERS = ("deepspeed", "torchrun")
 

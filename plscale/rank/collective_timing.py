@@ -9,9 +9,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from plscale.busbw import SHARDED, bandwidths, element_count
-from plscale.rank.collectives.naive import naive_all_reduce
-from plscale.rank.collectives.ring import ring_all_reduce
+from plscale.predict.busbw import SHARDED, bandwidths, element_count
+from plscale.rank.parallel.naive import naive_all_reduce
+from plscale.rank.parallel.ring import ring_all_reduce
 
 # torch 2.13 renamed the single-tensor forms; older releases have only the old names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -16,7 +16,7 @@ REQUIRED = ("id", "title", "sections", "entry", "ranks", "settings")
 
 
 def labs_root() -> Path:
-    return Path(os.environ.get("PLSCALE_LABS_DIR", Path(__file__).resolve().parents[1] / "labs"))
+    return Path(os.environ.get("PLSCALE_LABS_DIR", Path(__file__).resolve().parents[2] / "labs"))
 
 
 @dataclass

@@ -5,7 +5,7 @@ so its link is the bottleneck and the time grows with N; the ring's does not."""
 import torch
 import torch.distributed as dist
 
-from plscale.rank.collectives.ring import receive_buffer
+from plscale.rank.parallel.ring import receive_buffer
 
 
 def naive_all_reduce(tensor: torch.Tensor) -> int:

@@ -39,7 +39,7 @@ micro-batches of L/pp layers, the whole model's worth (Korthikanti et al., 2022)
 from dataclasses import dataclass, field
 
 from plscale.errors import UserError
-from plscale.model_presets import ModelConfig
+from plscale.predict.presets import ModelConfig
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30

@@ -135,28 +135,6 @@ def check_fits(size: int, ranks: int, device: str, available: int | None) -> Non
                         f"but {where}: use sizes up to {human(fits)} (e.g. --sizes 32K-{human(fits)}).")
 
 
-def memory_available(device: str) -> int | None:
-    """Bytes free for buffers: the host's MemAvailable on CPU, the smallest GPU's total on CUDA
-    (nvidia-smi); None when it cannot be told."""
-    import subprocess
-
-    if device == "cuda":
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10).stdout
-            return min(int(line) for line in out.split()) * 2**20
-        except (OSError, ValueError, subprocess.SubprocessError):
-            return None
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def bus_factor(op: str, ranks: int) -> float:
     return BUS_FACTORS[op](ranks)
 

@@ -1,0 +1,29 @@
+"""Files that are replaced whole or not at all: a reader never sees half a file, and a
+failed write leaves the good one in place."""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, then rename over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data) -> None:
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def read_json(path: Path):
+    return json.loads(Path(path).read_text())
