@@ -11,6 +11,11 @@ from plscale.run.launch import Options, plan
 RUN = Path("/tmp/run-x")
 
 
+def planned(*args, **kwargs):
+    """A plan bound to its run directory, as it runs."""
+    return plan(*args, **kwargs).at(RUN)
+
+
 @pytest.fixture
 def mnist():
     return labs.find("mnist-dp")
@@ -25,7 +30,7 @@ def offline(monkeypatch):
 
 def test_cpu_plan_uses_gloo_environment(mnist, monkeypatch):
     monkeypatch.setattr("plscale.run.launch.cpu_cores", lambda: 8)
-    p = plan(*mnist, Options(gpus=2), RUN, gpus_present=[])
+    p = planned(*mnist, Options(gpus=2), gpus_present=[])
     assert p.device == "cpu" and p.ranks == 2 and p.world_size == 2
     assert p.env["DS_ACCELERATOR"] == "cpu"
     assert p.env["OMP_NUM_THREADS"] == "4"  # cores / ranks: no oversubscription
@@ -39,42 +44,42 @@ def test_cpu_plan_uses_gloo_environment(mnist, monkeypatch):
 
 def test_threads_never_below_one(mnist, monkeypatch):
     monkeypatch.setattr("plscale.run.launch.cpu_cores", lambda: 2)
-    assert plan(*mnist, Options(gpus=8), RUN, gpus_present=[]).env["OMP_NUM_THREADS"] == "1"
+    assert planned(*mnist, Options(gpus=8), gpus_present=[]).env["OMP_NUM_THREADS"] == "1"
 
 
 def test_gpu_plan_and_cpu_override(mnist):
-    p = plan(*mnist, Options(gpus=2), RUN, gpus_present=["H100", "H100"])
+    p = planned(*mnist, Options(gpus=2), gpus_present=["H100", "H100"])
     assert p.device == "cuda" and "DS_ACCELERATOR" not in p.env and "NCCL" in p.notice
-    p = plan(*mnist, Options(gpus=2, cpu=True), RUN, gpus_present=["H100", "H100"])
+    p = planned(*mnist, Options(gpus=2, cpu=True), gpus_present=["H100", "H100"])
     assert p.device == "cpu" and p.env["DS_ACCELERATOR"] == "cpu"
 
 
 def test_more_gpus_than_present_is_a_user_error(mnist):
     with pytest.raises(UserError, match="Asked for 4 GPUs but this machine has 1: use --gpus 1, or --cpu"):
-        plan(*mnist, Options(gpus=4), RUN, gpus_present=["H100"])
+        planned(*mnist, Options(gpus=4), gpus_present=["H100"])
 
 
 @pytest.mark.parametrize("gpus, match", [(0, "at least 1 rank"), (3, "runs with 1, 2, 4, 8 ranks")])
 def test_bad_rank_counts(mnist, gpus, match):
     with pytest.raises(UserError, match=match):
-        plan(*mnist, Options(gpus=gpus), RUN, gpus_present=[])
+        planned(*mnist, Options(gpus=gpus), gpus_present=[])
 
 
 def test_torchrun_plan(mnist):
-    p = plan(*mnist, Options(gpus=2, launcher="torchrun", master_port=1234), RUN, gpus_present=[])
+    p = planned(*mnist, Options(gpus=2, launcher="torchrun", master_port=1234), gpus_present=[])
     assert Path(p.argv[0]).name == "torchrun"
     assert p.argv[1:11] == ["--nnodes", "1", "--nproc_per_node", "2", "--node_rank", "0",
                             "--master_addr", "127.0.0.1", "--master_port", "1234"]
 
 
-def test_steps_and_sets_reach_the_script(mnist):
-    p = plan(*mnist, Options(gpus=2, steps=5, sets=["train.lr=1"]), RUN, gpus_present=[])
-    tail = p.argv[p.argv.index(str(mnist[0].entry_path)):]
-    assert tail[-4:] == ["--steps", "5", "--set", "train.lr=1"]
+def test_the_command_carries_only_the_run_dir(mnist):
+    p = planned(*mnist, Options(gpus=2, steps=5, sets=["train.lr=1"]), gpus_present=[])
+    # the ranks read settings from the run directory; the command carries only its path
+    assert p.argv[p.argv.index(str(mnist[0].entry_path)):] == [str(mnist[0].entry_path), "--run-dir", str(RUN)]
 
 
 def test_multinode_deepspeed_without_ssh(mnist):
-    p = plan(*mnist, Options(gpus=2, nodes=2, node_rank=1, master_addr="10.0.0.1"), RUN, gpus_present=[])
+    p = planned(*mnist, Options(gpus=2, nodes=2, node_rank=1, master_addr="10.0.0.1"), gpus_present=[])
     argv = p.argv
     assert argv[argv.index("--num_nodes") + 1] == "2" and "--no_ssh" in argv
     assert argv[argv.index("--node_rank") + 1] == "1" and argv[argv.index("--master_addr") + 1] == "10.0.0.1"
@@ -87,28 +92,28 @@ def test_multinode_deepspeed_without_ssh(mnist):
 
 def test_multinode_needs_hostfile_or_node_rank(mnist, tmp_path):
     with pytest.raises(UserError, match="--hostfile"):
-        plan(*mnist, Options(gpus=2, nodes=2), RUN, gpus_present=[])
+        planned(*mnist, Options(gpus=2, nodes=2), gpus_present=[])
     with pytest.raises(UserError, match="does not exist"):
-        plan(*mnist, Options(gpus=2, nodes=2, hostfile=str(tmp_path / "nope")), RUN, gpus_present=[])
+        planned(*mnist, Options(gpus=2, nodes=2, hostfile=str(tmp_path / "nope")), gpus_present=[])
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node0 slots=2\nnode1 slots=2\n")
-    p = plan(*mnist, Options(gpus=2, nodes=2, hostfile=str(hostfile)), RUN, gpus_present=[])
+    p = planned(*mnist, Options(gpus=2, nodes=2, hostfile=str(hostfile)), gpus_present=[])
     assert p.argv[p.argv.index("--hostfile") + 1] == str(hostfile)
 
 
 def test_unknown_launcher(mnist):
     with pytest.raises(UserError, match="deepspeed or torchrun"):
-        plan(*mnist, Options(launcher="mpirun"), RUN, gpus_present=[])
+        planned(*mnist, Options(launcher="mpirun"), gpus_present=[])
 
 
 def test_variant_launcher_is_the_default_and_enforced(mnist):
     lab, variant = mnist
     variant.launcher = "torchrun"
-    assert Path(plan(lab, variant, Options(), RUN, gpus_present=[]).argv[0]).name == "torchrun"
+    assert Path(planned(lab, variant, Options(), gpus_present=[]).argv[0]).name == "torchrun"
     with pytest.raises(UserError, match="runs under torchrun"):
-        plan(lab, variant, Options(launcher="deepspeed"), RUN, gpus_present=[])
+        planned(lab, variant, Options(launcher="deepspeed"), gpus_present=[])
 
 
 def test_data_dir_is_passed_absolute(mnist, tmp_path):
-    p = plan(*mnist, Options(data_dir=str(tmp_path)), RUN, gpus_present=[])
+    p = planned(*mnist, Options(data_dir=str(tmp_path)), gpus_present=[])
     assert p.env["PLSCALE_DATA_DIR"] == str(tmp_path.resolve())

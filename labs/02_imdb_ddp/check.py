@@ -3,7 +3,7 @@
 from plscale.errors import UserError
 
 
-def check(settings: dict, plan) -> None:
+def check(settings: dict, topology) -> None:
     data, model, train, ds = settings["data"], settings["model"], settings["train"], settings["ds"]
     if train["engine"] not in ("ddp", "deepspeed"):
         raise UserError(f"train.engine={train['engine']!r}: use ddp or deepspeed.")
@@ -15,7 +15,7 @@ def check(settings: dict, plan) -> None:
     if model["heads"] < 1 or model["dim"] % model["heads"]:
         raise UserError(f"model.dim={model['dim']} is not divisible by model.heads={model['heads']}: "
                         f"pick dim = k * heads.")
-    world, per_step = plan.world_size, ds["micro_batch"] * ds["grad_accum"]
+    world, per_step = topology.world_size, ds["micro_batch"] * ds["grad_accum"]
     for split in ("train", "test"):
         n = data[f"{split}_samples"]
         if 0 < n < world:

@@ -8,7 +8,7 @@ TOUR = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "al
         "barrier")
 
 
-def check(settings: dict, plan) -> None:
+def check(settings: dict, topology) -> None:
     for name in str(settings["tour"]["ops"]).split(","):
         if name not in TOUR:
             raise UserError(f"tour.ops: unknown primitive {name!r}.{did_you_mean(name, TOUR)} "
@@ -17,5 +17,5 @@ def check(settings: dict, plan) -> None:
         busbw.check_dtype(name.strip())
     bench = settings["bench"]
     ops, dtype = busbw.parse_ops(bench["ops"]), busbw.check_dtype(bench["dtype"])
-    busbw.resolve_sizes(bench["sizes"], ops, dtype, plan.world_size, plan.device,
-                        memory_available(plan.device))
+    busbw.resolve_sizes(bench["sizes"], ops, dtype, topology.world_size, topology.device,
+                        memory_available(topology.device))

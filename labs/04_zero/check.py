@@ -4,8 +4,10 @@ from plscale.errors import UserError
 from plscale.predict.presets import preset
 
 
-def check(settings: dict, plan) -> None:
+def check(settings: dict, topology) -> None:
     config = preset(settings["model"]["preset"])  # an unknown preset names the nearest
     seq = settings["model"]["seq"]
     if not 8 <= seq <= config.max_seq:
         raise UserError(f"model.seq {seq}: use 8 to {config.max_seq} for preset {settings['model']['preset']!r}.")
+    if settings["train"]["steps"] < 1:
+        raise UserError(f"train.steps {settings['train']['steps']}: use 1 or more.")

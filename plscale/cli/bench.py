@@ -34,7 +34,7 @@ def collectives(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command; run nothing."),
 ) -> None:
     """all_reduce, all_gather, reduce_scatter, broadcast, all_to_all: time, algbw, busbw per size."""
-    from plscale.cli.lab import run_variant
+    from plscale.cli.lab import launch, prepare, show_plan
 
     lab, _ = labs.find("collectives")
     variant = lab.variant("bench")
@@ -53,9 +53,10 @@ def collectives(
     sets += [f"bench.iters={iters}"] if iters is not None else []
     sets += [f"bench.budget_s={budget}"] if budget is not None else []
     opts = Options(gpus=ranks, launcher=launcher, cpu=cpu, sets=sets)
-    run_dir = run_variant(lab, variant, opts, dry_run)
-    if run_dir is None:
-        return
+    prepared = prepare(lab, variant, opts)
+    if dry_run:
+        return show_plan(*prepared)
+    run_dir = launch(*prepared)
     show(run_dir, console)
     console.print(f"table as CSV: {run_dir / 'busbw.csv'}")
     if out is not None:

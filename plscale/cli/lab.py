@@ -1,6 +1,5 @@
 """`plscale lab list|show|run` and `plscale report`."""
 
-import shlex
 import sys
 from pathlib import Path
 
@@ -9,15 +8,14 @@ from rich.table import Table
 
 from plscale import datafiles
 from plscale.run import labs
-from plscale.dsconfig.check import check, load
-from plscale.dsconfig.spec import DSSpec, build
 from plscale.cli.output import console
 from plscale.errors import UserError
-from plscale.run.launch import Options, plan
+from plscale.run.launch import Options, Plan, plan
 from plscale.run.report import show
 from plscale.files import write_json
-from plscale.run.rundir import new_run_dir
-from plscale.run.settings import flatten, resolve
+from plscale.run.resolve import Resolved, Topology, resolve_run
+from plscale.run.rundir import new_run_dir, write_inputs
+from plscale.run.settings import flatten
 
 app = typer.Typer(help="List, show and run the labs.", no_args_is_help=True)
 
@@ -57,18 +55,6 @@ def show_lab(name: str = typer.Argument(..., help="Lab id, alias, number or vari
         console.print(f"predicts: {line}")
 
 
-def _ds_config(settings: dict, world: int, path: str | None) -> dict:
-    """The run's DeepSpeed config: a user's file (checked) or the one built from settings."""
-    if path:
-        config = load(path)
-        problems = check(config, world)
-        if problems:
-            raise UserError(f"{path}: " + " | ".join(problems))
-        return config
-    spec = DSSpec.from_dict({**settings.get("ds", {}), "world_size": world})
-    return build(spec)
-
-
 @app.command("run")
 def run_lab(
     name: str = typer.Argument(..., help="Lab id, alias, number or variant alias (e.g. zero2)."),
@@ -91,29 +77,32 @@ def run_lab(
     """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo."""
     lab, chosen = labs.find(name)
     chosen = lab.variant(variant) if variant else chosen
-    if steps is not None and steps < 1:
-        raise UserError(f"--steps {steps}: use 1 or more.")
+    if sweep and variant:
+        raise UserError(f"--sweep runs the lab's sweep variants ({', '.join(lab.sweep) or 'none'}): drop --variant.")
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder: point it at the dataset's files.")
     datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
                    list(sets), ds_config, data_dir)
     if not sweep:
-        run_dir = run_variant(lab, chosen, opts, dry_run)
-        if run_dir and (run_dir / "summary.json").exists():
+        prepared = prepare(lab, chosen, opts)
+        if dry_run:
+            return show_plan(*prepared)
+        run_dir = launch(*prepared)
+        if (run_dir / "summary.json").exists():
             show(run_dir, console)
-        elif run_dir:  # a node other than node 0: global rank 0 wrote the summary there
+        else:  # a node other than node 0: global rank 0 wrote the summary there
             console.print(f"This node's ranks finished; node 0's run directory holds the summary. Logs: {run_dir}")
         return
     if not lab.sweep:
         raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
-    variants = [lab.variant(v) for v in lab.sweep]
-    for v in variants:  # check every variant's plan before running any
-        run_variant(lab, v, opts, dry_run=True, quiet=not dry_run)
+    runs = [prepare(lab, lab.variant(v), opts) for v in lab.sweep]  # every variant checked before any runs
     if dry_run:
+        for prepared in runs:
+            show_plan(*prepared)
         return
     sweep_dir = new_run_dir(lab.id, "sweep")
-    run_dirs = [str(run_variant(lab, v, opts, dry_run=False)) for v in variants]
+    run_dirs = [str(launch(*prepared)) for prepared in runs]
     write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": lab.sweep, "runs": run_dirs})
     if lab.sweep_report:
         import subprocess
@@ -124,29 +113,28 @@ def run_lab(
     console.print(f"sweep directory: {sweep_dir}")
 
 
-def run_variant(lab, chosen, opts: Options, dry_run: bool, quiet: bool = False) -> Path | None:
-    """Plan, write the run directory, run. Everything a user can get wrong fails before
-    anything is written."""
+def prepare(lab, variant, opts: Options) -> tuple[Plan, Resolved]:
+    """The launch plan and the resolved run, each built once: everything a user can get
+    wrong fails here, before anything is written."""
+    the_plan = plan(lab, variant, opts)
+    topology = Topology(the_plan.world_size, the_plan.device)
+    return the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config)
+
+
+def show_plan(the_plan: Plan, resolved: Resolved) -> None:
+    named = new_run_dir(resolved.lab.id, resolved.variant.name, create=False)
+    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {the_plan.notice}")
+    console.print("[bold]command:[/]", the_plan.at(named).shell(), highlight=False, soft_wrap=True)
+
+
+def launch(the_plan: Plan, resolved: Resolved) -> Path:
+    """Claim the run directory, write the hand-off into it, run the ranks."""
     from plscale.run import runner
 
-    settings = resolve(lab.settings, chosen.overrides, opts.sets)
-    the_plan = plan(lab, chosen, opts, new_run_dir(lab.id, chosen.name, create=False))
-    lab.check_settings(settings, the_plan)
-    config = _ds_config(settings, the_plan.world_size, opts.ds_config)
-    if dry_run:
-        if not quiet:
-            console.print(the_plan.notice)
-            console.print("[bold]command:[/]", the_plan.shell(), highlight=False, soft_wrap=True)
-        return None
-    run_dir = new_run_dir(lab.id, chosen.name)  # claimed only now that the plan is accepted
-    the_plan = plan(lab, chosen, opts, run_dir)
-    for name, text in the_plan.files.items():
-        (run_dir / name).write_text(text)
-    write_json(run_dir / "ds_config.json", config)
-    write_json(run_dir / "settings.json", {"lab": lab.id, "variant": chosen.name, "settings": settings})
-    (run_dir / "command.txt").write_text(shlex.join(sys.argv) + "\n" + the_plan.shell() + "\n")
-    write_json(run_dir / "env.json", the_plan.env)
-    console.print(f"[bold]{lab.id}[/] / {chosen.name}: {the_plan.notice}")
+    run_dir = new_run_dir(resolved.lab.id, resolved.variant.name)
+    the_plan = the_plan.at(run_dir)
+    write_inputs(run_dir, the_plan, resolved, sys.argv)
+    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {the_plan.notice}")
     console.print(f"run directory: {run_dir}")
     code = runner.run(the_plan, run_dir, console)
     if code != 0:

@@ -28,8 +28,14 @@ def _skip_shm_build() -> None:
         comm_torch.build_shm_op = lambda: None
 
 
-def init() -> Dist:
+def device_type() -> str:
+    """"cuda" when a GPU is visible and DeepSpeed is not told to use the CPU, else "cpu"."""
     cuda = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+    return "cuda" if cuda else "cpu"
+
+
+def init() -> Dist:
+    cuda = device_type() == "cuda"
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)

@@ -4,8 +4,10 @@
     ...                             # the lesson
     ctx.finish(figures)             # summary.json, shutdown, exit: the last line of a lab
 
-Works under `plscale lab run`, the plain `deepspeed` launcher and `torchrun`: without
---run-dir the ranks make one under runs/ themselves.
+Under `plscale lab run` the host has resolved the settings, the lab's checks and the
+DeepSpeed config once and written them into the run directory (--run-dir): the ranks
+read them there. Under the plain `deepspeed` launcher or `torchrun` (no --run-dir) each
+rank resolves them itself with the same code, and rank 0 makes a run directory.
 """
 
 import argparse
@@ -18,15 +20,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from plscale.dsconfig.check import load as load_ds_config
-from plscale.dsconfig.spec import DSSpec, build
-from plscale.run.labs import load_lab
+from plscale.errors import UserError
+from plscale.files import write_json
 from plscale.rank import distributed, logs
 from plscale.rank.metrics import Metrics
 from plscale.rank.system import describe
-from plscale.files import write_json
-from plscale.run.rundir import new_run_dir
-from plscale.run.settings import resolve
+from plscale.run.labs import load_lab
+from plscale.run.resolve import Topology, resolve_run
+from plscale.run.rundir import new_run_dir, read_inputs
 
 
 @dataclass
@@ -74,13 +75,27 @@ class Context:
 
 def _args(argv):
     parser = argparse.ArgumentParser()
+    parser.add_argument("--run-dir", default=None, help="written by `plscale lab run`: settings and config are read there")
+    # Under a plain launcher (no --run-dir) the rank resolves the run itself from these:
     parser.add_argument("--variant", default=None)
-    parser.add_argument("--run-dir", default=os.environ.get("PLSCALE_RUN_DIR"))
     parser.add_argument("--ds-config", default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--set", dest="sets", action="append", default=[])
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None)  # from the deepspeed launcher
     return parser.parse_args(argv)
+
+
+def _inputs(lab, args) -> tuple[str, dict, dict]:
+    """(variant, settings, DeepSpeed config): as the host wrote them into the run directory,
+    or, under a plain launcher, resolved here exactly as `plscale lab run` would."""
+    if args.run_dir:
+        if args.variant or args.ds_config or args.steps is not None or args.sets:
+            raise UserError("--run-dir carries the settings: drop --variant, --ds-config, --steps and --set.")
+        record, ds_config = read_inputs(Path(args.run_dir))
+        return record["variant"], record["settings"], ds_config
+    topology = Topology(int(os.environ.get("WORLD_SIZE", 1)), distributed.device_type())
+    run = resolve_run(lab, lab.variant(args.variant), topology, args.sets, args.steps, args.ds_config)
+    return run.variant.name, run.settings, run.ds_config
 
 
 def start(entry_file: str, argv=None) -> Context:
@@ -91,26 +106,23 @@ def start(entry_file: str, argv=None) -> Context:
     if args.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     lab = load_lab(Path(entry_file).resolve().parent)
-    variant = lab.variant(args.variant)
-    sets = list(args.sets) + ([f"train.steps={args.steps}"] if args.steps is not None else [])
-    settings = resolve(lab.settings, variant.overrides, sets)
+    try:
+        variant, settings, ds_config = _inputs(lab, args)
+    except UserError as exc:  # every rank says the same one line; no traceback, no collective
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        os._exit(exc.exit_code)
 
     d = distributed.init()
-    run_dir = Path(args.run_dir) if args.run_dir else _shared_run_dir(lab.id, variant.name, d.rank)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(args.run_dir) if args.run_dir else _shared_run_dir(lab.id, variant, d.rank)
     logs.setup(run_dir, d.rank)
     distributed.seed_everything(int(settings.get("seed", 0)))
-
-    if args.ds_config:
-        ds_config = load_ds_config(args.ds_config)
-    else:
-        ds_config = build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": d.world_size}))
     if d.rank == 0:
         write_json(run_dir / "system.json", describe(d.backend, d.world_size))
-        if not (run_dir / "ds_config.json").exists():
+        if not args.run_dir:  # a plain launcher: record what this run resolved
             write_json(run_dir / "ds_config.json", ds_config)
-            write_json(run_dir / "settings.json", {"lab": lab.id, "variant": variant.name, "settings": settings})
-    return Context(lab.id, variant.name, settings, ds_config, run_dir, d.rank, d.world_size, d.local_rank,
+            write_json(run_dir / "settings.json", {"lab": lab.id, "variant": variant, "settings": settings,
+                                                   "ds_config": args.ds_config or "generated from settings.ds"})
+    return Context(lab.id, variant, settings, ds_config, run_dir, d.rank, d.world_size, d.local_rank,
                    d.device, d.backend, Metrics(run_dir, d.rank))
 
 

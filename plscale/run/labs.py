@@ -48,10 +48,12 @@ class Lab:
     data: str | None = None  # the dataset, so the host can check --data-dir before launching
     sweep: list = field(default_factory=list)  # variants `--sweep` runs in turn
     sweep_report: str | None = None            # script run on the sweep directory afterwards
-    check: str | None = None                   # host-side script: check(settings, plan) raises UserError
+    check: str | None = None                   # check(settings, topology) raises UserError on bad settings
+    steps_setting: str = "train.steps"         # the setting `--steps N` sets
 
-    def check_settings(self, settings: dict, plan) -> None:
-        """Run the lab's own host-side checks, so bad settings fail before anything launches."""
+    def check_settings(self, settings: dict, topology) -> None:
+        """Run the lab's own checks (topology: world_size, device), so bad settings fail
+        before anything launches."""
         if not self.check:
             return
         import importlib.util
@@ -59,7 +61,7 @@ class Lab:
         spec = importlib.util.spec_from_file_location(f"plscale_check_{self.number}", self.folder / self.check)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        module.check(settings, plan)
+        module.check(settings, topology)
 
     @property
     def entry_path(self) -> Path:
@@ -98,6 +100,7 @@ def load_lab(folder: Path) -> Lab:
         gpu_required=bool(raw.get("gpu_required", False)), predicts=raw.get("predicts") or [],
         data=raw.get("data"), sweep=(raw.get("sweep") or {}).get("variants", []),
         sweep_report=(raw.get("sweep") or {}).get("report"), check=raw.get("check"),
+        steps_setting=raw.get("steps", "train.steps"),
     )
 
 

@@ -1,19 +1,22 @@
 """The launch plan: which launcher, which argv and environment start a lab's ranks.
 
-Building a plan runs nothing, so `--dry-run` and the tests see exactly what would run.
+Building a plan runs nothing and checks everything a user can get wrong about the
+topology (ranks, nodes, node rank, hostfile, port, launcher), so `--dry-run` and the
+tests see exactly what would run. It is built once per run; the two facts known only at
+launch, the run directory and (unless `--master-port` was given) a free port, are bound
+by `Plan.at(run_dir)` just before the ranks start.
 """
 
 import os
 import shlex
-import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
+from plscale.run import launchers
+from plscale.run.hostfile import read_hostfile
 from plscale.run.labs import Lab, Variant
-
-LAUNCHERS = ("deepspeed", "torchrun")
 
 
 @dataclass
@@ -34,30 +37,43 @@ class Options:
 
 @dataclass
 class Plan:
-    argv: list
-    env: dict            # the variables plscale sets, on top of the caller's environment
+    entry: Path
+    launcher: str
     ranks: int           # per node
+    nodes: int
+    node_rank: int | None
     world_size: int
     device: str          # "cuda" or "cpu"
-    launcher: str
+    master_addr: str
+    master_port: int | None  # None: a free port, picked by at()
+    hostfile: str | None     # the user's; None: plscale writes one when deepspeed needs it
+    env: dict            # the variables plscale sets, on top of the caller's environment
     notice: str          # one line that says how the ranks run
-    files: dict = field(default_factory=dict)  # name -> text, written into the run directory first
+    run_dir: Path | None = None
+
+    def at(self, run_dir: Path) -> "Plan":
+        """This plan, bound to its run directory and a port."""
+        return replace(self, run_dir=Path(run_dir), master_port=self.master_port or free_port())
+
+    @property
+    def argv(self) -> list:
+        script = [str(self.entry), "--run-dir", str(self.run_dir)]
+        return launchers.BUILDERS[self.launcher](self) + script
+
+    @property
+    def files(self) -> dict:
+        """name -> text, written into the run directory before launching."""
+        return launchers.files(self)
 
     def shell(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         return f"{env} {shlex.join(self.argv)}"
 
 
-def _bin(name: str) -> str:
-    """A console script next to this Python (the venv's), else the bare name."""
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
-
-
-def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present: list | None = None) -> Plan:
+def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = None) -> Plan:
     launcher = opts.launcher or variant.launcher or "deepspeed"
-    if launcher not in LAUNCHERS:
-        raise UserError(f"Unknown launcher {launcher!r}: use deepspeed or torchrun.")
+    if launcher not in launchers.BUILDERS:
+        raise UserError(f"Unknown launcher {launcher!r}: use {' or '.join(launchers.BUILDERS)}.")
     if variant.launcher and variant.launcher != launcher:
         raise UserError(f"Variant {variant.name!r} runs under {variant.launcher}, not {launcher}: "
                         f"drop --launcher or use --launcher {variant.launcher}.")
@@ -67,14 +83,12 @@ def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present:
     if ranks not in lab.allowed_ranks:
         raise UserError(f"Lab {lab.id} runs with {', '.join(map(str, lab.allowed_ranks))} ranks, "
                         f"not {ranks}: pick one of those with --gpus.")
-    if opts.nodes < 1:
-        raise UserError(f"--nodes {opts.nodes}: use 1 or more.")
-    if opts.nodes > 1 and opts.node_rank is None and not opts.hostfile:
-        raise UserError("Several nodes need --hostfile F (launch from one node over ssh) or "
-                        "--node-rank R with --master-addr A (launch on every node).")
-    if opts.hostfile and not Path(opts.hostfile).is_file():
-        raise UserError(f"Hostfile {opts.hostfile} does not exist: write one line per node, "
-                        f"'host slots=N' (see runpod/ or the README).")
+    _check_nodes(opts, launcher)
+    port = opts.master_port
+    if port is not None and not 1 <= port <= 65535:
+        raise UserError(f"--master-port {port}: use a port from 1 to 65535 (29500 is the usual one).")
+    if not opts.master_addr.strip() or any(c.isspace() for c in opts.master_addr):
+        raise UserError(f"--master-addr {opts.master_addr!r}: give node 0's host name or IP address.")
     gpus = cuda_gpus() if gpus_present is None else gpus_present
     device = "cpu" if opts.cpu or not gpus else "cuda"
     if lab.gpu_required and device == "cpu":
@@ -82,10 +96,8 @@ def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present:
     if device == "cuda" and ranks > len(gpus):
         raise UserError(f"Asked for {ranks} GPUs but this machine has {len(gpus)}: use --gpus {len(gpus)}, "
                         f"or --cpu to run {ranks} CPU ranks over gloo.")
-    world = ranks * opts.nodes
-    port = opts.master_port or (29500 if opts.nodes > 1 else free_port())
 
-    env = {"PYTHONUNBUFFERED": "1", "PLSCALE_RUN_DIR": str(run_dir), "PLSCALE_CLI": "1"}
+    env = {"PYTHONUNBUFFERED": "1", "PLSCALE_CLI": "1"}
     if device == "cpu":
         threads = str(max(1, cpu_cores() // ranks))
         env.update({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
@@ -100,27 +112,28 @@ def plan(lab: Lab, variant: Variant, opts: Options, run_dir: Path, gpus_present:
     if not hub_reachable():
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
+    if opts.nodes > 1 and port is None:
+        port = 29500  # every node must agree on it
+    return Plan(lab.entry_path, launcher, ranks, opts.nodes, opts.node_rank, ranks * opts.nodes, device,
+                opts.master_addr, port, opts.hostfile, env, notice)
 
-    script = [str(lab.entry_path), "--variant", variant.name, "--run-dir", str(run_dir),
-              "--ds-config", str(run_dir / "ds_config.json")]
-    if opts.steps is not None:
-        script += ["--steps", str(opts.steps)]
-    for assignment in opts.sets:
-        script += ["--set", assignment]
 
-    files = {}
-    if launcher == "deepspeed":
-        argv = [_bin("deepspeed")]
-        if opts.nodes > 1:
-            hostfile = opts.hostfile
-            if hostfile is None:  # --no_ssh still wants every node listed; the names only label them
-                hostfile = str(run_dir / "hostfile")
-                files["hostfile"] = "".join(f"node{i} slots={ranks}\n" for i in range(opts.nodes))
-            argv += ["--hostfile", hostfile, "--num_nodes", str(opts.nodes), "--master_addr", opts.master_addr]
-            argv += ["--no_ssh", "--node_rank", str(opts.node_rank)] if opts.node_rank is not None else []
-        argv += ["--num_gpus", str(ranks), "--master_port", str(port)]
-    else:
-        argv = [_bin("torchrun"), "--nnodes", str(opts.nodes), "--nproc_per_node", str(ranks),
-                "--node_rank", str(opts.node_rank or 0), "--master_addr", opts.master_addr,
-                "--master_port", str(port)]
-    return Plan(argv + script, env, ranks, world, device, launcher, notice, files)
+def _check_nodes(opts: Options, launcher: str) -> None:
+    if opts.nodes < 1:
+        raise UserError(f"--nodes {opts.nodes}: use 1 or more.")
+    if opts.hostfile and opts.nodes == 1:
+        raise UserError("--hostfile lists the nodes of a multi-node run: add --nodes N (N > 1), or drop it.")
+    if opts.hostfile and launcher != "deepspeed":
+        raise UserError(f"--hostfile is for the deepspeed launcher; under {launcher} start the same command on "
+                        f"every node with --node-rank R --master-addr A.")
+    if opts.node_rank is not None and not 0 <= opts.node_rank < opts.nodes:
+        raise UserError(f"--node-rank {opts.node_rank} with --nodes {opts.nodes}: use 0 to {opts.nodes - 1} "
+                        f"(0 on the node at --master-addr).")
+    if opts.nodes > 1 and opts.node_rank is None and not opts.hostfile:
+        raise UserError("Several nodes need --hostfile F (launch from one node over ssh) or "
+                        "--node-rank R with --master-addr A (launch on every node).")
+    if opts.hostfile:
+        hosts = read_hostfile(opts.hostfile)
+        if len(hosts) < opts.nodes:
+            raise UserError(f"Hostfile {opts.hostfile} lists {len(hosts)} host(s) but --nodes is {opts.nodes}: "
+                            f"add one line 'host slots=N' per node, or lower --nodes.")

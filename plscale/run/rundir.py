@@ -1,14 +1,19 @@
-"""The run directory: runs/<time>-<lab>-<variant>/, written by the host and the ranks.
+"""The run directory: runs/<time>-<lab>-<variant>/, the one hand-off from host to ranks.
 
-Host: command.txt, env.json, settings.json, ds_config.json, launcher.log.
+Host (before any rank starts): settings.json (the resolved settings: exactly what runs),
+ds_config.json, command.txt, env.json, hostfile (multi-node), launcher.log.
 Ranks: system.json (versions, hardware), metrics.jsonl, summary.json, rank_N.log, plots.
 """
 
-import json
 import os
+import shlex
 import time
 from pathlib import Path
 
+from plscale.errors import UserError
+from plscale.files import read_json, write_json
+
+INPUTS = ("settings.json", "ds_config.json")
 
 
 def runs_root() -> Path:
@@ -18,7 +23,7 @@ def runs_root() -> Path:
 def new_run_dir(lab_id: str, variant: str, root: Path | None = None, create: bool = True) -> Path:
     """A fresh runs/<time>-<lab>-<variant>/. With create=True it is claimed atomically, so
     runs started in the same second (two nodes sharing runs/, say) never get the same one;
-    create=False only names one, for a plan that may still be refused."""
+    create=False only names one, for a plan that is not run (--dry-run)."""
     root = root or runs_root()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     n = 1
@@ -37,8 +42,21 @@ def new_run_dir(lab_id: str, variant: str, root: Path | None = None, create: boo
         n += 1
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def write_inputs(run_dir: Path, plan, resolved, command: list[str]) -> None:
+    """Everything the ranks and a later reader need, written before any rank starts."""
+    for name, text in plan.files.items():
+        (run_dir / name).write_text(text)
+    write_json(run_dir / "ds_config.json", resolved.ds_config)
+    write_json(run_dir / "settings.json", resolved.record())
+    (run_dir / "command.txt").write_text(shlex.join(command) + "\n" + plan.shell() + "\n")
+    write_json(run_dir / "env.json", plan.env)
+
+
+def read_inputs(run_dir: Path) -> tuple[dict, dict]:
+    """(settings.json, ds_config.json) as the host wrote them."""
+    missing = [name for name in INPUTS if not (Path(run_dir) / name).is_file()]
+    if missing:
+        raise UserError(f"{run_dir} lacks {', '.join(missing)}: start runs with `plscale lab run` (or a plain "
+                        f"launcher without --run-dir); over ssh with a hostfile, runs/ must be on a filesystem "
+                        f"every node sees (PLSCALE_RUNS_DIR).")
+    return read_json(Path(run_dir) / "settings.json"), read_json(Path(run_dir) / "ds_config.json")

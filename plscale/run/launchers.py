@@ -1,0 +1,47 @@
+"""The argv of each launcher for a plan: deepspeed, torchrun.
+
+Each builder returns the launcher's part of the command; the plan appends the lab's
+script and `--run-dir`. The ranks take everything else from the run directory.
+"""
+
+import sys
+from pathlib import Path
+
+from plscale.run.hostfile import render
+
+
+def bin_path(name: str) -> str:
+    """A console script next to this Python (the venv's), else the bare name."""
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+def _hostfile(plan) -> str | None:
+    if plan.nodes == 1:
+        return None
+    return plan.hostfile or str(Path(plan.run_dir) / "hostfile")
+
+
+def deepspeed(plan) -> list:
+    argv = [bin_path("deepspeed")]
+    if plan.nodes > 1:
+        argv += ["--hostfile", _hostfile(plan), "--num_nodes", str(plan.nodes), "--master_addr", plan.master_addr]
+        argv += ["--no_ssh", "--node_rank", str(plan.node_rank)] if plan.node_rank is not None else []
+    return argv + ["--num_gpus", str(plan.ranks), "--master_port", str(plan.master_port)]
+
+
+def torchrun(plan) -> list:
+    return [bin_path("torchrun"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(plan.ranks),
+            "--node_rank", str(plan.node_rank or 0), "--master_addr", plan.master_addr,
+            "--master_port", str(plan.master_port)]
+
+
+BUILDERS = {"deepspeed": deepspeed, "torchrun": torchrun}
+
+
+def files(plan) -> dict:
+    """Files the launcher needs in the run directory: deepspeed's --no_ssh mode wants a
+    hostfile listing every node even when none was given."""
+    if plan.launcher == "deepspeed" and plan.nodes > 1 and plan.hostfile is None:
+        return {"hostfile": render(plan.nodes, plan.ranks)}
+    return {}

@@ -1,0 +1,64 @@
+"""Resolve a run once: settings, the lab's checks, the DeepSpeed config.
+
+    defaults (lab.yaml) -> variant overrides -> --set k=v, --steps N -> check.py -> DeepSpeed config
+
+`plscale lab run` does this on the host and writes the result into the run directory
+(settings.json, ds_config.json), which the ranks read. Under a plain launcher
+(`deepspeed`/`torchrun` on the script) each rank does the same, with the same code.
+"""
+
+from dataclasses import dataclass
+
+from plscale.dsconfig.check import check as check_config, load
+from plscale.dsconfig.spec import DSSpec, build
+from plscale.errors import UserError
+from plscale.run.labs import Lab, Variant
+from plscale.run.settings import flatten, resolve
+
+
+@dataclass
+class Topology:
+    """What the lab's checks may ask of the launch: how many ranks, on which device."""
+    world_size: int
+    device: str  # "cuda" or "cpu"
+
+
+@dataclass
+class Resolved:
+    lab: Lab
+    variant: Variant
+    settings: dict
+    ds_config: dict
+    ds_config_file: str | None = None  # the user's --ds-config, when it replaced the generated one
+
+    def record(self) -> dict:
+        """What settings.json says: exactly what the ranks run."""
+        return {"lab": self.lab.id, "variant": self.variant.name, "settings": self.settings,
+                "ds_config": self.ds_config_file or "generated from settings.ds"}
+
+
+def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None = None,
+                ds_config_file: str | None = None) -> Resolved:
+    sets = list(sets)
+    if steps is not None:
+        if steps < 1:
+            raise UserError(f"--steps {steps}: use 1 or more.")
+        if lab.steps_setting not in flatten(lab.settings):
+            raise UserError(f"Lab {lab.id} has no setting {lab.steps_setting!r} for --steps: fix 'steps:' in "
+                            f"{lab.folder / 'lab.yaml'}.")
+        sets.append(f"{lab.steps_setting}={steps}")
+    settings = resolve(lab.settings, variant.overrides, sets)
+    lab.check_settings(settings, topology)
+    return Resolved(lab, variant, settings, _ds_config(settings, topology.world_size, ds_config_file),
+                    ds_config_file)
+
+
+def _ds_config(settings: dict, world: int, path: str | None) -> dict:
+    """The run's DeepSpeed config: a user's file (checked) or the one built from settings."""
+    if path:
+        config = load(path)
+        problems = check_config(config, world)
+        if problems:
+            raise UserError(f"{path}: " + " | ".join(problems))
+        return config
+    return build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": world}))
