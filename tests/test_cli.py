@@ -50,14 +50,47 @@ def test_lab_list_and_show():
     (["report", "/nonexistent"], "is not a run directory"),
     (["lab", "run", "zero2", "--set", "model.preset=smol"], "No model preset 'smol'. Did you mean: small?"),
     (["lab", "run", "collectives", "--set", "tour.ops=foo"], "tour.ops: unknown primitive 'foo'"),
+    (["lab", "run", "mnist", "--steps", "-3"], "--steps -3: use 1 or more"),
+    (["lab", "run", "mnist", "--set", "train.steps=0"], "train.steps 0: use 1 or more"),
+    (["lab", "run", "zero2", "--set", "train.steps=-1"], "train.steps -1: use 1 or more"),
+    (["lab", "run", "mnist", "--nodes", "2", "--node-rank", "2"], "--node-rank 2 with --nodes 2: use 0 to 1"),
+    (["lab", "run", "mnist", "--nodes", "2", "--node-rank", "-1"], "--node-rank -1 with --nodes 2"),
+    (["lab", "run", "mnist", "--master-port", "70000"], "--master-port 70000: use a port from 1 to 65535"),
+    (["lab", "run", "mnist", "--master-port", "0"], "--master-port 0: use a port from 1 to 65535"),
+    (["lab", "run", "mnist", "--master-addr", " "], "--master-addr ' ': give node 0's host name"),
+    (["lab", "run", "mnist", "--nodes", "0"], "--nodes 0: use 1 or more"),
+    (["lab", "run", "mnist", "--hostfile", "/nonexistent"], "--hostfile lists the nodes of a multi-node run"),
+    (["lab", "run", "mnist", "--nodes", "2", "--hostfile", "/nonexistent"], "Hostfile /nonexistent does not exist"),
+    (["lab", "run", "mnist", "--nodes", "2", "--node-rank", "0", "--launcher", "torchrun", "--hostfile", "/etc/hostname"],
+     "--hostfile is for the deepspeed launcher"),
+    (["lab", "run", "zero", "--sweep", "--variant", "zero1"], "--sweep runs the lab's sweep variants"),
+    (["lab", "run", "zero2", "--set", "ds.micro_batch=0"], "micro_batch must be at least 1"),
+    (["lab", "run", "mnist", "--set", "ds.micro_batch=5000"], "Global batch 10000"),
+    (["lab", "run", "zero2", "--set", "memory.census_step=-1"], "memory.census_step -1: use 0 or more"),
+    (["doctor", "--gpus", "2"], "add --distributed"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):
-    result = cli(*args)
+    result = cli(*args, env={"CUDA_VISIBLE_DEVICES": ""})  # as on a CPU machine, whatever this one has
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not cli.runs.exists() or not any(cli.runs.iterdir()), "a failed command left a run directory"
+
+
+@pytest.mark.parametrize("text, line", [
+    ("node0 slots=2\nnode1\n", "line 2: 'node1' is not 'host slots=N'"),
+    ("node0 slots=0\nnode1 slots=2\n", "line 1: 'node0 slots=0' is not 'host slots=N' with N >= 1"),
+    ("node0 slots=2\nnode0 slots=2\n", "host 'node0' is listed twice"),
+    ("# only a comment\n", "lists no host"),
+    ("node0 slots=2\n", "lists 1 host(s) but --nodes is 2"),
+])
+def test_malformed_hostfile_is_one_line_before_launch(cli, tmp_path, text, line):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(text)
+    result = cli("lab", "run", "mnist", "--gpus", "2", "--cpu", "--nodes", "2", "--hostfile", hostfile)
+    assert result.returncode == 2 and line in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not cli.runs.exists()
 
 
 def test_data_dir_without_the_files(cli, tmp_path):
@@ -98,15 +131,27 @@ def test_config_commands(cli, tmp_path):
 
 
 def test_dry_run_prints_the_command_and_runs_nothing(cli):
-    result = cli("lab", "run", "mnist", "--gpus", "2", "--dry-run")
+    result = cli("lab", "run", "mnist", "--gpus", "2", "--cpu", "--dry-run")
     assert result.returncode == 0
     assert "DS_ACCELERATOR=cpu" in result.stdout and "--num_gpus 2" in result.stdout
     assert not cli.runs.exists()
 
 
+def test_without_cpu_the_backend_follows_the_machine(cli):
+    """No --cpu: NCCL on a machine with GPUs, gloo without; the same test passes on both."""
+    from plscale.hardware import cuda_gpus
+
+    result = cli("lab", "run", "mnist", "--gpus", "1", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    if cuda_gpus():
+        assert "over NCCL" in result.stdout and "DS_ACCELERATOR" not in result.stdout
+    else:
+        assert "over gloo" in result.stdout and "DS_ACCELERATOR=cpu" in result.stdout
+
+
 @pytest.mark.e2e
 def test_failing_rank_is_reported_with_its_last_lines(cli):
-    result = cli("lab", "run", "crash", env={"PLSCALE_LABS_DIR": str(FIXTURE_LABS)}, timeout=300)
+    result = cli("lab", "run", "crash", "--cpu", env={"PLSCALE_LABS_DIR": str(FIXTURE_LABS)}, timeout=300)
     assert result.returncode != 0
     assert "rank 1 failed; its last lines" in result.stdout
     assert "deliberate failure on rank 1" in result.stdout
@@ -118,7 +163,7 @@ def test_failing_rank_is_reported_with_its_last_lines(cli):
 def test_ctrl_c_stops_every_rank(tmp_path):
     env = {**os.environ, "PLSCALE_LABS_DIR": str(FIXTURE_LABS), "PLSCALE_RUNS_DIR": str(tmp_path),
            "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "lab", "run", "hang"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "lab", "run", "hang", "--cpu"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 240
     while time.time() < deadline and len(list(tmp_path.glob("*/ready_*"))) < 2:
@@ -139,7 +184,7 @@ def test_two_nodes_on_one_machine(tmp_path):
 
     port = str(free_port())
     env = {**os.environ, "PLSCALE_RUNS_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
-    base = [sys.executable, "-m", "plscale.cli.main", "lab", "run", "mnist-dp", "--gpus", "1", "--nodes", "2",
+    base = [sys.executable, "-m", "plscale.cli.main", "lab", "run", "mnist-dp", "--gpus", "1", "--cpu", "--nodes", "2",
             "--master-addr", "127.0.0.1", "--master-port", port, "--steps", "10"]
     nodes = [subprocess.Popen(base + ["--node-rank", str(r)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in (0, 1)]

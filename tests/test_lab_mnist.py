@@ -25,7 +25,8 @@ def _check_run(run, steps):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     ds_rows = [r for r in rows if r["phase"] == "deepspeed"]
     assert len(ds_rows) == steps and len(ds_rows[0]["memory_mib_per_rank"]) == 2
-    assert all(r["samples_per_s"] > 0 and r["step_time_s"] > 0 for r in ds_rows)
+    # throughput is the global batch (64 samples x 2 ranks, the lab's default) over the step's time
+    assert all(r["samples_per_s"] * r["step_time_s"] == pytest.approx(128) for r in ds_rows)
     for name in ("command.txt", "env.json", "ds_config.json", "settings.json", "system.json", "rank_0.log",
                  "rank_1.log", "loss.png"):
         assert (run / name).is_file(), name
@@ -34,7 +35,7 @@ def _check_run(run, steps):
 
 
 def test_offline_run_is_labelled_and_parity_holds(cli):
-    result = cli("lab", "run", "mnist-dp", "--gpus", "2", "--steps", "30")
+    result = cli("lab", "run", "mnist-dp", "--gpus", "2", "--cpu", "--steps", "30")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "running 2 CPU ranks over gloo" in result.stdout
     summary, f = _check_run(only_run(cli.runs), 30)
@@ -44,7 +45,7 @@ def test_offline_run_is_labelled_and_parity_holds(cli):
 
 
 def test_accumulation_variant_under_torchrun(cli):
-    result = cli("lab", "run", "mnist-dp", "--variant", "accum", "--launcher", "torchrun", "--steps", "20")
+    result = cli("lab", "run", "mnist-dp", "--cpu", "--variant", "accum", "--launcher", "torchrun", "--steps", "20")
     assert result.returncode == 0, result.stdout[-3000:]
     summary, _ = _check_run(only_run(cli.runs), 20)
     config = json.loads((only_run(cli.runs) / "ds_config.json").read_text())
@@ -53,7 +54,7 @@ def test_accumulation_variant_under_torchrun(cli):
 
 def test_real_mnist(cli, shared_data):
     folder = shared_data("mnist")
-    result = cli("lab", "run", "mnist-dp", "--gpus", "2", "--data-dir", folder)
+    result = cli("lab", "run", "mnist-dp", "--gpus", "2", "--cpu", "--data-dir", folder)
     assert result.returncode == 0, result.stdout[-3000:]
     summary, f = _check_run(only_run(cli.runs), 400)
     assert summary["real_data"] is True

@@ -11,3 +11,10 @@ def check(settings: dict, topology) -> None:
         raise UserError(f"model.seq {seq}: use 8 to {config.max_seq} for preset {settings['model']['preset']!r}.")
     if settings["train"]["steps"] < 1:
         raise UserError(f"train.steps {settings['train']['steps']}: use 1 or more.")
+    if settings["memory"]["census_step"] < 0:
+        raise UserError(f"memory.census_step {settings['memory']['census_step']}: use 0 or more (the step whose "
+                        f"first micro-batch is counted; 1 has optimizer states).")
+    if not 0 < settings["memory"]["tolerance"] < 1:
+        raise UserError(f"memory.tolerance {settings['memory']['tolerance']}: use a fraction such as 0.05.")
+    if settings["data"]["val_blocks"] < 1:
+        raise UserError(f"data.val_blocks {settings['data']['val_blocks']}: use 1 or more.")

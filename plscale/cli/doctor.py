@@ -29,6 +29,8 @@ def doctor(
     with --distributed, run N ranks and check that every one of them answers."""
     if distributed:
         return distributed_check(gpus, timeout, cpu)
+    if gpus is not None or cpu:
+        raise UserError("--gpus and --cpu choose the ranks of `plscale doctor --distributed`: add --distributed.")
     table = Table("check", "status", "detail", title="plscale doctor", title_justify="left")
     ok = True
 

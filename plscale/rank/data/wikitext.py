@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from plscale.datafiles.wikitext import find_wikitext
+from plscale.errors import UserError
 from plscale.rank.data.bpe import gpt2_or_local
 from plscale.rank.data.sources import first_available
 
@@ -105,7 +106,9 @@ class Shards:
         self.per_rank = micro * accum
         self.global_batch = self.per_rank * world
         if len(blocks) < self.global_batch:
-            raise ValueError(f"{len(blocks)} blocks cannot fill a global batch of {self.global_batch}")
+            raise UserError(f"The training text makes {len(blocks)} blocks, fewer than one global batch of "
+                            f"{self.global_batch} (micro x accumulation x ranks): lower ds.micro_batch or "
+                            f"ds.grad_accum, or use more data (--data-dir).")
         self.generator = torch.Generator().manual_seed(seed)
         self.order, self.epoch_steps = torch.randperm(len(blocks), generator=self.generator), len(blocks) // self.global_batch
 
