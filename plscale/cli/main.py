@@ -5,7 +5,7 @@ import sys
 import typer
 
 from plscale import __version__
-from plscale.cli import bench, config, doctor, estimate, lab
+from plscale.cli import bench, config, doctor, estimate, lab, mesh
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -17,6 +17,7 @@ app.add_typer(estimate.app, name="estimate")
 app.add_typer(bench.app, name="bench")
 app.command("doctor")(doctor.doctor)
 app.command("report")(lab.report)
+app.command("mesh")(mesh.mesh)
 
 
 def _version(value: bool) -> None:
