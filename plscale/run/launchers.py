@@ -1,4 +1,4 @@
-"""The argv of each launcher for a plan: deepspeed, torchrun.
+"""The argv of each launcher for a plan: deepspeed, torchrun, accelerate.
 
 Each builder returns the launcher's part of the command; the plan appends the lab's
 script and `--run-dir`. The ranks take everything else from the run directory.
@@ -36,7 +36,21 @@ def torchrun(plan) -> list:
             "--master_port", str(plan.master_port)]
 
 
-BUILDERS = {"deepspeed": deepspeed, "torchrun": torchrun}
+def accelerate(plan) -> list:
+    """`accelerate launch` with its DeepSpeed launcher: torchrun underneath on one node and on
+    each node of several (`standard`, started on every node like torchrun), on CPUs too.
+    (`--multi_gpu` needs 2 or more processes; `--cpu` starts a single process.)
+    --num_processes counts all nodes' ranks; the script gets the DeepSpeed config itself."""
+    argv = [bin_path("accelerate"), "launch", "--use_deepspeed", "--num_processes", str(plan.world_size),
+            "--num_machines", str(plan.nodes), "--machine_rank", str(plan.node_rank or 0),
+            "--main_process_ip", plan.master_addr, "--main_process_port", str(plan.master_port),
+            "--mixed_precision", "no", "--dynamo_backend", "no"]  # precision: the DeepSpeed config's
+    if plan.nodes > 1:
+        argv += ["--deepspeed_multinode_launcher", "standard", "--same_network"]
+    return argv
+
+
+BUILDERS = {"deepspeed": deepspeed, "torchrun": torchrun, "accelerate": accelerate}
 
 
 def files(plan) -> dict:
