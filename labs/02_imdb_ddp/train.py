@@ -1,35 +1,41 @@
-"""Lab 02: true data parallelism on IMDB, PyTorch DDP and DeepSpeed side by side.
+"""Lab 02: true data parallelism on IMDB: PyTorch DDP, DeepSpeed and accelerate side by side.
 
 Every rank holds the whole model and trains on its own shard of the data; after each
 backward the ranks average their gradients (all-reduce), so every replica takes the same
 step. DDP does it in buckets that start while backward is still running (overlap); with
 gradient accumulation, `no_sync` skips the all-reduce of the first k-1 micro-batches.
 DeepSpeed does the same maths with its own engine (`gradient_accumulation_steps`,
-`reduce_bucket_size`, `overlap_comm`). Same model, seed and data: the same loss curve.
+`reduce_bucket_size`, `overlap_comm`). Hugging Face accelerate drives that same DeepSpeed
+engine from a plain PyTorch loop: `prepare` builds it from the same config, `accumulate`
+marks the boundary micro-batch, `backward` runs DeepSpeed's backward (and, at the
+boundary, its step). Same model, seed and data: the same loss curve.
 
     plscale lab run imdb-ddp --gpus 2                  PyTorch DDP under torchrun
     plscale lab run imdb-deepspeed --gpus 2            DeepSpeed under its launcher
+    plscale lab run imdb-accelerate --gpus 2           accelerate + DeepSpeed under accelerate launch
     torchrun --nproc_per_node 2 labs/02_imdb_ddp/train.py --variant ddp
     deepspeed --num_gpus 2 labs/02_imdb_ddp/train.py --variant deepspeed   (DS_ACCELERATOR=cpu without GPUs)
+    accelerate launch --use_deepspeed --num_processes 2 labs/02_imdb_ddp/train.py --variant accelerate
 """
 
 import copy
 import gc
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import deepspeed
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from deepspeed.comm.comm import comms_logger
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DeepSpeedPlugin, DummyOptim
 from deepspeed.utils import safe_get_full_grad
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from plscale.errors import UserError
 from plscale.plots import line_plot
-from plscale.rank import gather, runtime
+from plscale.rank import comms, gather, runtime
 from plscale.rank.data import imdb
 from plscale.rank.memory import per_rank_mib
 from plscale.rank.metrics import figure
@@ -38,11 +44,9 @@ from plscale.rank.sampler import ShardedSampler
 
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size
-D, M, T, engine_name = S["data"], S["model"], S["train"], S["train"]["engine"]
+D, M, T, engine_name = S["data"], S["model"], S["train"], S["train"]["engine"]  # check.py checked them
 micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
 B = micro * accum * N  # the global batch: N ranks x accum micro-batches x micro samples
-if engine_name not in ("ddp", "deepspeed"):
-    raise UserError(f"train.engine={engine_name!r}: use ddp or deepspeed.")
 
 # ---- Data: reviews -> token ids, truncated and padded to max_len -----------------------
 data = imdb.load(S["seed"], D["train_samples"], D["test_samples"])
@@ -62,15 +66,15 @@ ctx.log(f"tokens: {tok_name}, {D['max_len']} per review ({m_train.float().mean()
 
 sampler = ShardedSampler(len(y_train), N, ctx.rank, seed=S["seed"])   # this rank's shard, reshuffled per epoch
 steps_per_epoch = len(sampler) // (micro * accum)
-if steps_per_epoch < 1:
-    raise UserError(f"{len(sampler)} training samples per rank, fewer than one step's micro_batch x grad_accum "
-                    f"= {micro * accum}: use more data (data.train_samples) or a smaller ds.micro_batch.")
+if steps_per_epoch < 1:  # the host checked data.train_samples; only here is it known how many reviews the data holds
+    raise UserError(f"The data holds {len(y_train)} training reviews, {len(sampler)} per rank, fewer than one step's "
+                    f"ds.micro_batch x ds.grad_accum = {micro * accum}: use more data or a smaller ds.micro_batch.")
 steps = T["steps"] or T["epochs"] * steps_per_epoch
 
-# ---- The engine: DDP or DeepSpeed, wrapping the same model -----------------------------
+# ---- The engine: DDP, DeepSpeed, or accelerate driving DeepSpeed, wrapping the same model -
 model = model.to(dev)
 reference = copy.deepcopy(model)  # one process, one big batch: what the gradients must equal
-ddp = engine_name == "ddp"
+ddp, accel = engine_name == "ddp", engine_name == "accelerate"
 adam = {k: v for k, v in ds["optimizer"]["params"].items() if k in ("lr", "betas", "eps", "weight_decay")}
 clip = ds["gradient_clipping"]
 
@@ -97,18 +101,21 @@ if ddp:
     net.register_comm_hook(counter, counting_allreduce)
     optimizer = torch.optim.AdamW(model.parameters(), **adam)
     reductions = lambda: (counter.calls, counter.seconds)
+elif accel:
+    PartialState(backend=ctx.backend)  # adopt the process group runtime.start() opened (else: 1 process)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds), gradient_accumulation_steps=accum)
+    # the engine from the same config; DummyOptim: the optimizer is the config's, built by DeepSpeed
+    net, optimizer = accelerator.prepare(model, DummyOptim(model.parameters()))
 else:
     net, optimizer, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-    if not comms_logger.enabled:
-        raise UserError("The deepspeed engine counts reductions with DeepSpeed's comms logger: "
-                        "set ds.comms_logger=true.")
-    # every reduction DeepSpeed logs (all_reduce, reduce, reduce_scatter): calls, and seconds from its
-    # timer, whose records are running totals in DeepSpeed 0.19.8 (it is never reset): take the last
+if not ddp:
     def reductions():
-        logged = [sizes for name, sizes in comms_logger.comms_dict.items() if "reduce" in name]
-        return (sum(v[0] for sizes in logged for v in sizes.values()),
-                sum(max(max(v[1]) for v in sizes.values()) for sizes in logged) / 1000)
-how = (f"DDP, bucket_cap_mb={T['bucket_cap_mb']}" if ddp else
+        """Gradient reductions DeepSpeed's comms logger saw so far (all_reduce, reduce_scatter, ...): calls of
+        1 KiB or more (not the scalars, e.g. the gradient norm for clipping), and seconds of all of them."""
+        calls = sum(n for op, sizes in comms.calls_by_size().items() if "reduce" in op
+                    for size, n in sizes.items() if size >= 1024)
+        return calls, sum(t.seconds for op, t in comms.snapshot().items() if "reduce" in op)
+how = (f"DDP, bucket_cap_mb={T['bucket_cap_mb']}" if ddp else ("accelerate over " if accel else "") +
        f"DeepSpeed ZeRO-{ds['zero_optimization']['stage']}" + (f", reduce_bucket_size="
        f"{ds['zero_optimization']['reduce_bucket_size']:,}, overlap_comm={ds['zero_optimization']['overlap_comm']}"
        if ds["zero_optimization"]["stage"] else ""))
@@ -116,25 +123,54 @@ ctx.log(f"model: {encoder.parameters(model):,} parameters; engine: {how}; {N} ra
         f"global batch {B} = {N} ranks x {accum} micro-batches x {micro}; {steps} steps")
 
 
+def full_grads() -> list:
+    """This rank's copy of every parameter's gradient, as the optimizer is about to see it."""
+    return [(p.grad if ddp else safe_get_full_grad(p)).clone() for p in model.parameters()]
+
+
+@contextmanager
+def before_step(engine):
+    """accelerator.backward() runs DeepSpeed's step at the boundary, which applies and clears the
+    gradients: read them just before it (once, for the check step). Yields what was read, and how
+    many reductions the reading issued (ZeRO-1/2 gather partitions: the check's, not training's)."""
+    seen, step = {"grads": [], "calls": 0}, engine.step
+
+    def read_then_step(*args, **kwargs):
+        calls0 = reductions()[0]
+        seen["grads"], seen["calls"] = full_grads(), reductions()[0] - calls0
+        return step(*args, **kwargs)
+    engine.step = read_then_step
+    try:
+        yield seen
+    finally:
+        del engine.step
+
+
 def train_step(rows: torch.Tensor, check: bool):
     """One optimizer step on this rank's rows: accum micro-batches, one gradient average.
-    Returns (loss summed over micro-batches, reductions per micro-batch, their seconds, gradients or None)."""
-    loss_sum, calls, comm_s, grads = torch.zeros((), device=dev), [], 0.0, None
+    Returns (loss summed over micro-batches, reductions per micro-batch, their seconds, gradients at step 0, else [])."""
+    loss_sum, calls, comm_s, grads = torch.zeros((), device=dev), [], 0.0, []
     for i, mb in enumerate(rows.chunk(accum)):
-        (calls0, seconds0), last = reductions(), i == accum - 1
+        (calls0, seconds0), last, seen = reductions(), i == accum - 1, {"grads": [], "calls": 0}
+        x, mask, y = x_train[mb], m_train[mb], y_train[mb]
         if ddp:
             with nullcontext() if last else net.no_sync():   # no_sync: keep local grads, no all-reduce
-                loss = F.cross_entropy(net(x_train[mb], m_train[mb]), y_train[mb])
+                loss = F.cross_entropy(net(x, mask), y)
                 (loss / accum).backward()
+        elif accel:
+            with accelerator.accumulate(net):   # counts micro-batches: sync_gradients only on the accum-th
+                loss = F.cross_entropy(net(x, mask), y)
+                with before_step(net) if last and check else nullcontext(seen) as seen:
+                    accelerator.backward(loss)   # DeepSpeed's backward (divides by accum); at the boundary its step
         else:
-            loss = F.cross_entropy(net(x_train[mb], m_train[mb]), y_train[mb])
+            loss = F.cross_entropy(net(x, mask), y)
             net.backward(loss)   # divides by accum; reduces only at the accumulation boundary
-        calls.append(reductions()[0] - calls0)
+        calls.append(reductions()[0] - calls0 - seen["calls"])
         comm_s += reductions()[1] - seconds0
         loss_sum += loss.detach()
         if last and check:
-            grads = [(p.grad if ddp else safe_get_full_grad(p)).clone() for p in model.parameters()]
-        if not ddp:
+            grads = seen["grads"] if accel else full_grads()
+        if engine_name == "deepspeed":
             net.step()           # a real step only at the boundary; counts micro-batches before it
     if ddp:
         if clip:
@@ -232,7 +268,8 @@ if ctx.is_main:
 if ddp:  # free DDP's reducer (it holds the hook's futures) while Python is alive: a rare abort at exit otherwise
     del net
     gc.collect()
-comms = {} if ddp else {name: {int(size): v[0] for size, v in sizes.items()}   # calls per message size
-                        for name, sizes in comms_logger.comms_dict.items()}
-ctx.finish(figures, data=data.source, real_data=data.real, engine=engine_name, plots=["loss.png"], comms=comms,
+engine_info = ({"accelerate": {"distributed_type": accelerator.distributed_type.value,
+                               "num_processes": accelerator.num_processes}} if accel else {})
+ctx.finish(figures, data=data.source, real_data=data.real, engine=engine_name, plots=["loss.png"],
+           comms={} if ddp else comms.calls_by_size(), **engine_info,   # DeepSpeed's calls per message size
            evals=evals, losses=losses, memory_mib_per_rank=memory, parameters=encoder.parameters(model))

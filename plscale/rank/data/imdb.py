@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 from plscale.datafiles.imdb import find_imdb, read_split
-from plscale.errors import UserError
 from plscale.rank.data.sources import first_available
 from plscale.rank.data.bpe import gpt2_or_local
 
@@ -74,9 +73,7 @@ def tokenizer(texts: list[str], vocab_size: int):
 
 
 def encode(tok, texts: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask), both (n, max_len): truncated, padded on the right; mask 1 = real token."""
-    if max_len < 1:
-        raise UserError(f"data.max_len={max_len}: a review needs at least 1 token; try --set data.max_len=128.")
+    """(ids, mask), both (n, max_len >= 1): truncated, padded on the right; mask 1 = real token."""
     pad = tok.token_to_id("<pad>")
     pad = 0 if pad is None else pad
     tok.enable_truncation(max_len)

@@ -14,9 +14,7 @@ from plscale.errors import UserError
 class EncoderClassifier(nn.Module):
     def __init__(self, vocab: int, max_len: int, dim: int = 128, layers: int = 2, heads: int = 4,
                  ff: int = 256, dropout: float = 0.1, classes: int = 2):
-        super().__init__()
-        if dim % heads:
-            raise UserError(f"model.dim={dim} is not divisible by model.heads={heads}: pick dim = k * heads.")
+        super().__init__()  # heads must divide dim: a lab checks its settings before launch (check.py)
         self.tokens = nn.Embedding(vocab, dim)
         self.positions = nn.Embedding(max_len, dim)
         layer = nn.TransformerEncoderLayer(dim, heads, ff, dropout, batch_first=True, norm_first=True)
