@@ -102,7 +102,7 @@ def test_multinode_needs_hostfile_or_node_rank(mnist, tmp_path):
 
 
 def test_unknown_launcher(mnist):
-    with pytest.raises(UserError, match="deepspeed or torchrun"):
+    with pytest.raises(UserError, match="deepspeed, torchrun or accelerate"):
         planned(*mnist, Options(launcher="mpirun"), gpus_present=[])
 
 

@@ -28,7 +28,7 @@ def collectives(
     iters: int = typer.Option(None, help="Timed calls per size, at most (default: the lab's, 20)."),
     budget: float = typer.Option(None, help="Seconds of timed calls per size and collective (default: the lab's, 1)."),
     ring: bool = typer.Option(True, help="Time the hand-written ring and naive all-reduce beside all_reduce."),
-    launcher: str = typer.Option(None, help="deepspeed (default) or torchrun."),
+    launcher: str = typer.Option(None, help="deepspeed (default), torchrun or accelerate."),
     cpu: bool = typer.Option(False, "--cpu", help="CPU ranks over gloo even when GPUs exist."),
     out: Path = typer.Option(None, help="Also copy busbw.csv and busbw.png into this folder."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command; run nothing."),

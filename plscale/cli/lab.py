@@ -60,7 +60,7 @@ def run_lab(
     name: str = typer.Argument(..., help="Lab id, alias, number or variant alias (e.g. zero2)."),
     variant: str = typer.Option(None, "--variant", "-v", help="Variant (default: the lab's, or the alias')."),
     gpus: int = typer.Option(None, "--gpus", "-g", help="Ranks per node (GPUs, or CPU processes)."),
-    launcher: str = typer.Option(None, help="deepspeed (default) or torchrun; some variants pick one."),
+    launcher: str = typer.Option(None, help="deepspeed (default), torchrun or accelerate; some variants pick one."),
     nodes: int = typer.Option(1, help="Number of nodes."),
     hostfile: str = typer.Option(None, help="DeepSpeed hostfile for several nodes."),
     node_rank: int = typer.Option(None, help="This node's rank (launch on every node, no ssh)."),

@@ -73,7 +73,8 @@ class Plan:
 def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = None) -> Plan:
     launcher = opts.launcher or variant.launcher or "deepspeed"
     if launcher not in launchers.BUILDERS:
-        raise UserError(f"Unknown launcher {launcher!r}: use {' or '.join(launchers.BUILDERS)}.")
+        names = list(launchers.BUILDERS)
+        raise UserError(f"Unknown launcher {launcher!r}: use {', '.join(names[:-1])} or {names[-1]}.")
     if variant.launcher and variant.launcher != launcher:
         raise UserError(f"Variant {variant.name!r} runs under {variant.launcher}, not {launcher}: "
                         f"drop --launcher or use --launcher {variant.launcher}.")
