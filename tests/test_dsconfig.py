@@ -57,6 +57,23 @@ def test_bad_specs(kwargs, match):
         build(DSSpec(**kwargs))
 
 
+@pytest.mark.parametrize("zero", [{"stage": 5}, {"stage": 1, "offload_param": True},
+                                  {"stage": 0, "offload_optimizer": True}, {"stage": 2, "precision": "fp8"}])
+def test_one_set_of_zero_rules(zero):
+    """The spec and the config checker name the same problem (dsconfig/valid.py)."""
+    from plscale.dsconfig import valid
+
+    expected = valid.problems(**zero)[0]
+    with pytest.raises(UserError) as spec:
+        build(DSSpec(**zero))
+    assert str(spec.value) == expected
+    if "precision" not in zero:  # a JSON config cannot name a precision that does not exist
+        config = build(DSSpec(stage=3, offload_optimizer=zero.get("offload_optimizer", False),
+                              offload_param=zero.get("offload_param", False)))
+        config["zero_optimization"]["stage"] = zero["stage"]
+        assert expected in rule_problems(config, 1)
+
+
 def test_unknown_spec_key_names_the_nearest():
     with pytest.raises(UserError, match="micro_batch"):
         DSSpec.from_dict({"micro_bach": 4})
@@ -79,9 +96,12 @@ def test_checker_catches_typos_and_conflicts():
 def test_deepspeed_own_parser_runs_with_the_world_size():
     good = build(DSSpec(stage=2, micro_batch=4, world_size=4))
     assert check(good, 4) == []
-    # plscale's rules pass (no train_batch_size), DeepSpeed's parser rejects the stage value type
+    # a stage that does not exist is plscale's rule (dsconfig/valid.py), named before DeepSpeed parses
     problems = check({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": "two"}}, 2)
-    assert problems and problems[0].startswith(("zero_optimization.stage", "DeepSpeed rejects it"))
+    assert problems == ["ZeRO stage 'two' does not exist: use 0, 1, 2 or 3."]
+    # plscale's rules pass, DeepSpeed's parser rejects an unknown zero_optimization key
+    problems = check({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "stagee": 1}}, 2)
+    assert len(problems) == 1 and problems[0].startswith("DeepSpeed rejects it"), problems
 
 
 def test_load_errors(tmp_path):

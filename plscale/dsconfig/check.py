@@ -4,6 +4,7 @@ and the fix), then DeepSpeed's own parser with the world size set to `--gpus N`.
 import json
 from pathlib import Path
 
+from plscale.dsconfig import valid
 from plscale.errors import UserError, nearest
 
 SECTIONS = {"zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "activation_checkpointing",
@@ -50,14 +51,7 @@ def rule_problems(config: dict, world_size: int) -> list[str]:
     if not problems and total is not None and micro is None and total % (accum * world_size):
         problems.append(f"train_batch_size {total} is not divisible by accumulation {accum} x world size "
                         f"{world_size}: choose a multiple of {accum * world_size}.")
-    zero = config.get("zero_optimization", {}) or {}
-    stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        problems.append(f"zero_optimization.stage is {stage!r}: use 0, 1, 2 or 3.")
-    if _device(zero.get("offload_param")) and stage != 3:
-        problems.append(f"offload_param needs ZeRO stage 3 (stage is {stage}): set stage 3 or remove it.")
-    if _device(zero.get("offload_optimizer")) and stage == 0:
-        problems.append("offload_optimizer needs ZeRO stage 1-3 (stage is 0): raise the stage or remove it.")
+    problems += valid.problems(**valid.zero_settings(config))  # stage, precision and offload together
     if (config.get("fp16") or {}).get("enabled") and (config.get("bf16") or {}).get("enabled"):
         problems.append("fp16 and bf16 are both enabled: keep one.")
     clip = config.get("gradient_clipping", 0)
@@ -70,10 +64,6 @@ def rule_problems(config: dict, world_size: int) -> list[str]:
             if close:
                 problems.append(f"Unknown key {key!r}: DeepSpeed ignores it. Did you mean {close[0]!r}?")
     return problems
-
-
-def _device(section) -> bool:
-    return isinstance(section, dict) and section.get("device", "none") not in ("none", None)
 
 
 def _quiet_accelerator() -> None:

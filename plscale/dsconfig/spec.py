@@ -8,9 +8,9 @@ the world size is known (DeepSpeed derives it otherwise).
 
 from dataclasses import asdict, dataclass, fields
 
+from plscale.dsconfig import valid
 from plscale.errors import UserError, did_you_mean
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("AdamW", "Adam")  # others: pass a client optimizer to deepspeed.initialize
 SCHEDULERS = (None, "WarmupLR", "WarmupCosineLR")
 
@@ -55,15 +55,7 @@ class DSSpec:
         return asdict(self)
 
     def validate(self) -> None:
-        if self.stage not in (0, 1, 2, 3):
-            raise UserError(f"ZeRO stage {self.stage} does not exist: use 0, 1, 2 or 3.")
-        if self.precision not in PRECISIONS:
-            raise UserError(f"Precision {self.precision!r} is not one of {', '.join(PRECISIONS)}.")
-        if self.offload_param and self.stage != 3:
-            raise UserError(f"Parameter offload needs ZeRO stage 3 (got stage {self.stage}): "
-                            "set stage=3 or drop offload_param.")
-        if self.offload_optimizer and self.stage == 0:
-            raise UserError("Optimizer offload needs ZeRO stage 1, 2 or 3 (got stage 0).")
+        valid.require(self.stage, self.precision, self.offload_optimizer, self.offload_param)
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
