@@ -50,7 +50,10 @@ def cumulative_latencies() -> bool:
     """True when this DeepSpeed version logs running totals of each op's time (never reset)."""
     from deepspeed.comm import comm
 
-    return "reset=False" in inspect.getsource(comm.timed_op)
+    try:
+        return "reset=False" in inspect.getsource(comm.timed_op)
+    except (OSError, TypeError):  # no source installed: assume the versions plscale is tested on (0.19)
+        return True
 
 
 def snapshot() -> dict[str, Traffic]:
