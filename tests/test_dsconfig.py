@@ -60,13 +60,16 @@ def test_bad_specs(kwargs, match):
 @pytest.mark.parametrize("zero", [{"stage": 5}, {"stage": 1, "offload_param": True},
                                   {"stage": 0, "offload_optimizer": True}, {"stage": 2, "precision": "fp8"}])
 def test_one_set_of_zero_rules(zero):
-    """The spec and the config checker name the same problem (dsconfig/valid.py)."""
+    """The spec, the memory model and the config checker name the same problem (dsconfig/valid.py)."""
     from plscale.dsconfig import valid
+    from plscale.predict.memory import Setup, estimate
 
     expected = valid.problems(**zero)[0]
     with pytest.raises(UserError) as spec:
         build(DSSpec(**zero))
-    assert str(spec.value) == expected
+    with pytest.raises(UserError) as model:
+        estimate(Setup(params=1000, **zero))
+    assert str(spec.value) == str(model.value) == expected
     if "precision" not in zero:  # a JSON config cannot name a precision that does not exist
         config = build(DSSpec(stage=3, offload_optimizer=zero.get("offload_optimizer", False),
                               offload_param=zero.get("offload_param", False)))

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import re
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from conftest import run_cli
 from plscale.errors import UserError
-from plscale.predict.memory import MODEL_STATES, Setup, estimate
+from plscale.predict.memory import LABELS, MODEL_STATES, Setup, estimate
 from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
 from plscale.rank.census import saved_activations
 from plscale.rank.models.llama import Llama
@@ -41,9 +42,10 @@ def test_presets_reproduce_published_llama_sizes():
 # ---- the ZeRO paper ----------------------------------------------------------------------
 
 def test_zero_paper_figure_1():
-    """Ψ = 7.5B, N = 64, K = 12, mixed precision: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU."""
+    """Ψ = 7.5B, N = 64, K = 12, mixed precision: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB per GPU.
+    The paper's ZeRO-1 holds the full gradients: DeepSpeed does while micro-batches accumulate."""
     psi, n = 7.5e9, 64
-    got = [states(params=psi, stage=s, dp=n, precision="fp16") / 1e9 for s in range(4)]
+    got = [states(params=psi, stage=s, dp=n, precision="fp16", grad_accum=4) / 1e9 for s in range(4)]
     assert got == pytest.approx([120, 31.4, 16.6, 1.875], abs=0.06)
     assert got[0] == (2 + 2 + 12) * psi / 1e9
     assert got[1] == pytest.approx((2 * psi + 2 * psi + 12 * psi / n) / 1e9)
@@ -54,16 +56,44 @@ def test_zero_paper_figure_1():
 def test_fp32_matches_what_deepspeed_keeps():
     """fp32: no master copy at stage 0 (16Ψ), DeepSpeed's own master copy from stage 1 (K = 12)."""
     psi, n = 20_000_000, 2
-    assert [states(params=psi, stage=s, dp=n, precision="fp32") for s in range(4)] == [
+    assert [states(params=psi, stage=s, dp=n, precision="fp32", grad_accum=2) for s in range(4)] == [
         16 * psi, 8 * psi + 12 * psi / n, 4 * psi + 16 * psi / n, 20 * psi / n]
 
 
+def grads(**kw) -> tuple[float, float]:
+    t = estimate(Setup(params=1000, dp=4, **kw)).term("gradients")
+    return t.device, t.host
+
+
+def test_zero1_with_one_micro_batch_holds_partitioned_gradients():
+    """Rule 2: DeepSpeed's ZeRO-1 reduces in backward at the accumulation boundary."""
+    assert grads(stage=1, precision="fp32", grad_accum=1) == (4 * 1000 / 4, 0)
+    assert grads(stage=1, precision="fp32", grad_accum=3) == (4 * 1000, 0)
+    assert grads(stage=1, precision="bf16", grad_accum=1) == (2 * 1000 / 4, 0)
+    # accumulation changes nothing at the other stages
+    for stage in (0, 2, 3):
+        assert grads(stage=stage, grad_accum=1) == grads(stage=stage, grad_accum=8)
+
+
+def test_offloaded_gradients_are_an_fp32_partition_plus_where_micro_batches_accumulate():
+    """Rule 3, Ψ = 1000, N = 4: fp32 partition 4Ψ/N = 1000 bytes on the host; p = 2 (bf16)."""
+    off = dict(precision="bf16", offload_optimizer=True)
+    assert grads(stage=1, grad_accum=1, **off) == (0, 1000)           # straight into the fp32 partition
+    assert grads(stage=1, grad_accum=2, **off) == (2000, 1000)        # accumulate in the full 2Ψ on the device
+    assert grads(stage=2, grad_accum=1, **off) == (0, 1000)
+    assert grads(stage=2, grad_accum=2, **off) == (0, 1000 + 500)     # + 2Ψ/N accumulation partition
+    assert grads(stage=3, grad_accum=1, **off) == (0, 1000 + 500)     # ZeRO-3's flat buffer, always
+    assert grads(stage=3, grad_accum=2, offload_param=True, **off) == (0, 1000 + 500)
+
+
 def test_offload_moves_states_to_the_host():
+    # bf16, N = 4: parameters 2Ψ/N, gradients (4 + 2)Ψ/N, master 4Ψ/N, moments 8Ψ/N
     e = estimate(Setup(params=1e9, stage=3, dp=4, offload_optimizer=True, offload_param=True))
     assert e.total("device") == 0
-    assert e.total("host") == pytest.approx(16e9 / 4)
+    assert e.total("host") == pytest.approx(20e9 / 4)
+    # stage 2, one micro-batch per step: parameters 2Ψ on the device; 4Ψ/N gradients, 12Ψ/N on the host
     e = estimate(Setup(params=1e9, stage=2, dp=4, offload_optimizer=True))
-    assert e.total("device") == 2e9 and e.total("host") == pytest.approx(14e9 / 4)
+    assert e.total("device") == 2e9 and e.total("host") == pytest.approx(16e9 / 4)
 
 
 def test_tensor_and_pipeline_parallel_divide_the_parameters():
@@ -143,7 +173,8 @@ def test_cli_table_and_help_name_the_formulas():
         assert word in out.stdout
     # 7b, bf16, stage 3, N = 8: (2 + 2 + 12) * 6.74e9 / 8 bytes = 12.55 GiB of model states
     expected = 16 * 6_738_415_616 / 8 / 2**30
-    states_gib = sum(float(re.search(rf"{re.escape(n)}\s*│\s*([\d.]+)", out.stdout).group(1)) for n in MODEL_STATES)
+    states_gib = sum(float(re.search(rf"{re.escape(LABELS[n])}\s*│\s*([\d.]+)", out.stdout).group(1))
+                     for n in MODEL_STATES)
     assert states_gib == pytest.approx(expected, abs=0.02)
     help_text = run_cli("estimate", "memory", "--help").stdout
     assert "stage 2: pΨ + (p+K)Ψ/N" in help_text and "K = 12" in help_text
@@ -157,6 +188,9 @@ def test_cli_table_and_help_name_the_formulas():
     (["--gpus", "8", "--micro-batch", "2", "--global-batch", "10"], "--global-batch 10 != micro batch 2"),
     (["--gpus", "6", "--tp", "4"], "not a multiple of tp 4"),
     (["--model", "twelve"], "neither a model preset"),
+    (["--model", "7e9", "--vocab", "1000"], "--vocab changes a preset's shape"),
+    (["--model", "tiny", "--vocab", "0"], "--vocab 0"),
+    (["--grad-accum", "0"], "--grad-accum must be at least 1"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, message):
     out = run_cli("estimate", "memory", *args)
@@ -167,3 +201,25 @@ def test_cli_bad_input_is_one_line_exit_2(args, message):
 def test_budget_that_fits_says_so():
     out = run_cli("estimate", "memory", "--model", "1b", "--stage", "3", "--gpus", "8", "--budget", "80")
     assert out.returncode == 0 and "fits:" in out.stdout
+
+
+def test_cli_json_is_the_model_term_by_term():
+    out = run_cli("estimate", "memory", "--model", "small", "--vocab", "5000", "--stage", "2", "--gpus", "4",
+                  "--precision", "fp32", "--seq", "64", "--micro-batch", "2", "--grad-accum", "3",
+                  "--offload-optimizer", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    config = PRESETS["small"].with_vocab(5000)
+    psi = param_count(config)
+    assert got["setup"]["params"] == psi and got["setup"]["model"]["vocab"] == 5000
+    assert (got["setup"]["grad_accum"], got["setup"]["micro_batch"], got["setup"]["dp"]) == (3, 2, 4)
+    # fp32, stage 2, N = 4, optimizer offloaded, accumulating: 4Ψ; (4 + 4)Ψ/N, 4Ψ/N, 8Ψ/N on the host
+    expected = {"parameters": (4 * psi, 0), "gradients": (0, 8 * psi / 4), "master": (0, 4 * psi / 4),
+                "moments": (0, 8 * psi / 4)}
+    for name, (device, host) in expected.items():
+        term = got["terms"][name]
+        assert (term["device"], term["host"], term["label"]) == (pytest.approx(device), pytest.approx(host),
+                                                                 LABELS[name]), name
+    assert got["terms"]["activations"]["device"] > 0
+    assert got["totals"]["model_states"] == pytest.approx(4 * psi + 20 * psi / 4)
+    assert got["totals"]["host"] == pytest.approx(20 * psi / 4)

@@ -6,14 +6,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import load_summary
+from conftest import load_summary, run_cli
+from plscale.dsconfig.spec import DSSpec, build
+from plscale.predict import memory
+from plscale.predict.presets import preset
+from plscale.run.labs import find
+from plscale.run.settings import resolve
 
 TINY = ["--set", "model.preset=tiny", "--set", "model.seq=64", "--set", "data.val_blocks=16"]
 
 
 @pytest.mark.e2e
 def test_sweep_memory_parity_and_charts(cli):
-    out = cli("lab", "run", "zero", "--sweep", "--gpus", "2", "--steps", "5", *TINY)
+    out = cli("lab", "run", "zero", "--sweep", "--gpus", "2", "--cpu", "--steps", "5", *TINY)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     sweep_dir = next(p for p in cli.runs.iterdir() if p.name.endswith("zero-sweep"))
     runs = [Path(r) for r in json.loads((sweep_dir / "sweep.json").read_text())["runs"]]
@@ -23,10 +28,19 @@ def test_sweep_memory_parity_and_charts(cli):
     # model states per rank within 5% of the ZeRO paper, every stage, every rank
     for s in summaries:
         assert s["passed"], s["checks"]
-        states = s["memory"]["model states"]
+        states = s["memory"]["model_states"]
         for measured in states["measured_bytes"]:
             assert abs(measured - states["predicted_bytes"]) <= 0.05 * states["predicted_bytes"], s["stage"]
-    measured = [max(s["memory"]["model states"]["measured_bytes"]) for s in summaries]
+    # ... and the prediction is what `plscale estimate memory` says for that run
+    for s in summaries:
+        estimate = estimate_json(s["preset"], s["model"]["vocab"], s["world_size"], s["stage"], s["precision"],
+                                 s["offload_optimizer"], s["offload_param"], s["micro_batch"], s["grad_accum"],
+                                 s["seq"])
+        assert estimate["setup"]["params"] == s["params"]
+        for name in (*memory.MODEL_STATES, "activations"):
+            assert s["memory"][name]["predicted_bytes"] == estimate["terms"][name]["total"], (s["stage"], name)
+        assert s["memory"]["model_states"]["predicted_bytes"] == estimate["totals"]["model_states"]
+    measured = [max(s["memory"]["model_states"]["measured_bytes"]) for s in summaries]
     assert measured[0] > measured[1] > measured[2] > measured[3]
     psi = summaries[0]["params"]
     # fp32 stage 0: 4 + 4 + 8 bytes per parameter, plus Adam's step counters (a float per tensor)
@@ -39,13 +53,47 @@ def test_sweep_memory_parity_and_charts(cli):
         assert max(abs(a - b) for a, b in zip(s["losses"], base)) < 1e-4, s["stage"]
 
     # ZeRO-3 gathers parameters: more bytes per step than ZeRO-2
-    comm = [sum(s["comm_bytes_per_step"].values()) for s in summaries]
+    comm = [sum(op["bytes"] for op in s["comms_per_step"].values()) for s in summaries]
     assert comm[3] > comm[2] > 0
+    # ZeRO-2 reduces after each of the 2 micro-batches per step, ZeRO-1 once at the boundary
+    assert summaries[2]["comms_per_step"]["all_reduce"]["calls"] > summaries[1]["comms_per_step"]["all_reduce"]["calls"]
 
     for png in ("memory_by_stage.png", "loss_by_stage.png"):
         data = (sweep_dir / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert "model states MiB" in out.stdout
+
+
+def estimate_json(model, vocab, gpus, stage, precision, offload_optimizer, offload_param, micro, accum,
+                  seq) -> dict:
+    """`plscale estimate memory --json` with the flags a user would type for a run."""
+    out = run_cli("estimate", "memory", "--model", model, "--vocab", vocab, "--gpus", gpus, "--stage", stage,
+                  "--precision", precision, "--micro-batch", micro, "--grad-accum", accum, "--seq", seq,
+                  *(["--offload-optimizer"] if offload_optimizer else []),
+                  *(["--offload-param"] if offload_param else []), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+ZERO = find("zero")[0]
+
+
+@pytest.mark.parametrize("variant", list(ZERO.variants))
+def test_lab_prediction_is_plscale_estimate_memory(variant):
+    """Every variant: the lab's own call on its DeepSpeed config (2 ranks) against the CLI."""
+    settings = resolve(ZERO.settings, ZERO.variants[variant].overrides)
+    ds_config = build(DSSpec.from_dict({**settings["ds"], "world_size": 2}))
+    vocab = preset(settings["model"]["preset"]).vocab - 37  # a local tokenizer's own vocabulary
+    config = preset(settings["model"]["preset"]).with_vocab(vocab)
+    lab = memory.estimate(memory.setup_from_ds_config(ds_config, 2, config, settings["model"]["seq"])).to_dict()
+    ds = {**DSSpec().to_dict(), **settings["ds"]}  # the spec's defaults (fp32) where lab.yaml says nothing
+    cli = estimate_json(settings["model"]["preset"], vocab, 2, ds["stage"], ds["precision"], ds["offload_optimizer"],
+                        ds["offload_param"], ds["micro_batch"], ds["grad_accum"], settings["model"]["seq"])
+    assert cli["setup"] == json.loads(json.dumps(lab["setup"]))
+    assert set(cli["terms"]) == {*memory.MODEL_STATES, "activations"}
+    for name, term in lab["terms"].items():
+        assert (cli["terms"][name]["device"], cli["terms"][name]["host"]) == (term["device"], term["host"]), name
+    assert cli["totals"] == lab["totals"]
 
 
 @pytest.mark.parametrize("args,message", [

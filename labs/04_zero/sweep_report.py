@@ -13,7 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STATES = ["parameters", "gradients", "optimizer: fp32 master", "optimizer: Adam moments"]
+from plscale.predict.memory import LABELS, MODEL_STATES  # noqa: E402
+
 COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
 MiB = 2**20
 
@@ -28,10 +29,10 @@ def memory_chart(summaries: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, s in enumerate(summaries):
         measured = predicted = 0.0
-        for state, color in zip(STATES, COLORS):
+        for state, color in zip(MODEL_STATES, COLORS):
             m = s["memory"][state]["measured_bytes"][0] / MiB
             p = s["memory"][state]["predicted_bytes"] / MiB
-            ax.bar(i - 0.2, m, 0.38, bottom=measured, color=color, label=state if i == 0 else None)
+            ax.bar(i - 0.2, m, 0.38, bottom=measured, color=color, label=LABELS[state] if i == 0 else None)
             ax.bar(i + 0.2, p, 0.38, bottom=predicted, color=color, alpha=0.45, hatch="//", edgecolor="white")
             measured, predicted = measured + m, predicted + p
         ax.text(i - 0.2, measured, f"{measured:.3g}", ha="center", va="bottom", fontsize=8)
@@ -70,7 +71,7 @@ def main(sweep_dir: Path) -> None:
           f"{'tokens/s':>9} {'final loss':>11} {'val ppl':>8} {'max |Δloss|':>12}")
     rows = []
     for s in summaries:
-        states = s["memory"]["model states"]
+        states = s["memory"]["model_states"]
         measured, predicted = max(states["measured_bytes"]), states["predicted_bytes"]
         figures = {f["name"]: f["value"] for f in s["figures"]}
         gap = max(abs(a - b) for a, b in zip(s["losses"], base))

@@ -1,12 +1,14 @@
 """`plscale estimate memory`: memory per rank for a model, a ZeRO stage and a parallel layout."""
 
+import json
+
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from plscale.cli.output import console
 from plscale.errors import UserError
-from plscale.predict.memory import Setup, estimate, gib
+from plscale.predict.memory import LABELS, Setup, estimate, gib
 from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
 
 app = typer.Typer(help="Estimate what a training run needs before you rent it.", no_args_is_help=True)
@@ -16,6 +18,7 @@ app = typer.Typer(help="Estimate what a training run needs before you rent it.",
 def memory(
     model: str = typer.Option("7b", "--model", "-m",
                               help=f"A preset ({', '.join(PRESETS)}) or a parameter count (1.3e9, 350M, 7b)."),
+    vocab: int = typer.Option(None, help="Vocabulary size in place of the preset's (a lab trains its own tokenizer)."),
     stage: int = typer.Option(2, help="ZeRO stage 0-3."),
     gpus: int = typer.Option(8, help="Ranks in all: data parallel x tensor parallel x pipeline parallel."),
     precision: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
@@ -25,12 +28,15 @@ def memory(
     pp: int = typer.Option(1, help="Pipeline-parallel degree."),
     seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
     micro_batch: int = typer.Option(1, help="Sequences per rank per forward/backward."),
-    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
+    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step (ZeRO-1 and offload hold "
+                                           "more gradients while they accumulate)."),
     global_batch: int = typer.Option(None, help="Sequences per step; must equal micro x accum x data parallel."),
     recompute: bool = typer.Option(False, "--recompute/--no-recompute", help="Activation recomputation."),
     budget: float = typer.Option(None, help="GiB per device; exit 2 when the estimate does not fit."),
     accounting: str = typer.Option("paper", help="paper: the ZeRO paper's model states; deepspeed: "
                                                  "DeepSpeed's estimate_zero2/3_model_states_mem_needs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON: setup, bytes per term "
+                                                       "(device, host), totals."),
 ) -> None:
     """Memory per rank: parameters, gradients, optimizer states, activations.
 
@@ -39,6 +45,10 @@ def memory(
     stage 0: pΨ + pΨ + KΨ     stage 1: pΨ + pΨ + KΨ/N
     stage 2: pΨ + (p+K)Ψ/N    stage 3: (2p+K)Ψ/N
     fp32 at stage 0 steps the weights themselves (K = 8).
+    As DeepSpeed runs it: ZeRO-1 with --grad-accum 1 reduces gradients in
+    backward (pΨ/N); offloaded gradients are an fp32 partition (4Ψ/N) on the
+    host, plus pΨ/N where micro-batches accumulate (stage 2 with
+    --grad-accum > 1, stage 3 always). See plscale/predict/memory.py.
 
     Activations of plscale's Llama (b micro batch, s sequence, h hidden,
     f SwiGLU width, a heads, V vocabulary, t = tp), bytes per layer:
@@ -47,8 +57,13 @@ def memory(
     Pipeline (1F1B): the first stage holds all L layers' worth.
     """
     if model in PRESETS:
-        config, params = PRESETS[model], param_count(PRESETS[model])
-        largest = largest_layer_params(config)
+        if vocab is not None and vocab < 1:
+            raise UserError(f"--vocab {vocab}: a vocabulary has at least one token.")
+        config = PRESETS[model] if vocab is None else PRESETS[model].with_vocab(vocab)
+        params, largest = param_count(config), largest_layer_params(config)
+    elif vocab is not None:
+        raise UserError(f"--vocab changes a preset's shape, and {model!r} is not a preset: give one of "
+                        f"{', '.join(PRESETS)} to --model, or drop --vocab.")
     else:
         config, params, largest = None, parse_count(model), 0
     if gpus < 1 or tp < 1 or pp < 1:
@@ -65,26 +80,36 @@ def memory(
     if stage == 3 and accounting == "deepspeed" and config is None:
         raise UserError("DeepSpeed's ZeRO-3 estimate needs the largest layer: give a preset with --model.")
     seq = seq or (min(config.max_seq, 2048) if config else 1024)
-    setup = Setup(params, stage, dp, precision, offload_optimizer, offload_param, tp, pp, config, seq,
-                  micro_batch, recompute, largest, accounting)
+    setup = Setup(params=params, stage=stage, dp=dp, precision=precision, offload_optimizer=offload_optimizer,
+                  offload_param=offload_param, tp=tp, pp=pp, model=config, seq=seq, micro_batch=micro_batch,
+                  grad_accum=grad_accum, recompute=recompute, largest_layer=largest, accounting=accounting)
     result = estimate(setup)
+    need = gib(result.total("device"))
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        _check_budget(budget, need, model, stage, gpus)
+        return
 
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
                         f"{gpus} ranks = dp {dp} x tp {tp} x pp {pp}", title_justify="left")
     for column in ("", "device GiB", "host GiB", "formula"):
         table.add_column(column, justify="right" if "GiB" in column else "left")
     for term in result.terms:
-        table.add_row(term.name, f"{gib(term.device):.2f}", f"{gib(term.host):.2f}", escape(term.formula))
+        table.add_row(term.label, f"{gib(term.device):.2f}", f"{gib(term.host):.2f}", escape(term.formula))
     if config is None:
-        table.add_row("activations", "n/a", "", "needs a model shape: pass a preset to --model")
+        table.add_row(LABELS["activations"], "n/a", "", "needs a model shape: pass a preset to --model")
     table.add_row("[bold]total[/]", f"[bold]{gib(result.total('device')):.2f}[/]",
                   f"[bold]{gib(result.total('host')):.2f}[/]",
-                  f"micro batch {micro_batch} x seq {seq}, recompute {'on' if recompute else 'off'}")
+                  f"micro batch {micro_batch} x seq {seq}, accumulation {grad_accum}, "
+                  f"recompute {'on' if recompute else 'off'}")
     console.print(table)
-    need = gib(result.total("device"))
+    _check_budget(budget, need, model, stage, gpus)
+    if budget is not None:
+        console.print(f"fits: {need:.2f} GiB of {budget:g} GiB per device")
+
+
+def _check_budget(budget: float | None, need: float, model: str, stage: int, gpus: int) -> None:
     if budget is not None and need > budget:
         raise UserError(f"{model} at ZeRO-{stage} on {gpus} ranks needs {need:.2f} GiB per device, over the "
                         f"budget of {budget:g} GiB: raise --stage, add --offload-optimizer/--offload-param, "
                         f"more --gpus, --recompute or a smaller --micro-batch.")
-    if budget is not None:
-        console.print(f"fits: {need:.2f} GiB of {budget:g} GiB per device")

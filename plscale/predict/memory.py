@@ -1,7 +1,8 @@
 """Memory per rank for training with ZeRO: model states (ZeRO paper) and activations.
 
 Host-side and pure: `plscale estimate memory` prints it, and the ZeRO lab prints it beside
-what each rank measures.
+what each rank measures (`setup_from_ds_config` reads the run's DeepSpeed config into a
+Setup, so the lab and the CLI ask the same question).
 
 Model states (Rajbhandari et al., ZeRO, 2020). Ψ parameters on this model-parallel rank
 (Ψ_total / (tp * pp)), N data-parallel ranks, p bytes per weight (2 in bf16/fp16, 4 in
@@ -12,15 +13,34 @@ fp32), K = 12 bytes of optimizer state per parameter (fp32 master 4 + Adam m 4 +
     stage 2   pΨ + (p + K)Ψ/N           ... and gradients
     stage 3   (2p + K)Ψ/N               ... and parameters
 
-In fp32 at stage 0 the optimizer steps the weights themselves (K = 8); from stage 1 on
-DeepSpeed keeps its own fp32 master copy even of an fp32 model, so K stays 12.
-Optimizer offload moves the master copy, the moments and the gradient partition to host
-memory (ZeRO-Offload); parameter offload (stage 3) moves the parameter partition too.
+The terms, one vocabulary everywhere (this model, the rank's tensor census, a run's
+summary, `plscale estimate memory --json`): parameters, gradients, master, moments,
+activations; `LABELS` says how each is shown.
+
+Where DeepSpeed departs from the paper, the model follows DeepSpeed (each rule was measured
+with the ZeRO lab's tensor census, fp32 and bf16 on 2 CPU ranks, and read in DeepSpeed
+0.19's stage_1_and_2.py and stage3.py). Gradients are counted at their peak, while
+micro-batches accumulate:
+
+ 1. fp32 at stage 0: the optimizer steps the weights themselves (K = 8). From stage 1 on
+    DeepSpeed keeps its own fp32 master partition even of an fp32 model, so K stays 12.
+ 2. ZeRO-1 with one micro-batch per step (grad_accum 1) reduces and partitions the
+    gradients inside the backward, bucket by bucket, as ZeRO-2 does: pΨ/N. The full pΨ of
+    the paper's ZeRO-1 only lives while micro-batches accumulate (grad_accum > 1); DeepSpeed
+    reduces at the accumulation boundary.
+ 3. Optimizer offload (ZeRO-Offload) moves the master copy and the moments to the host, and
+    the gradients the host's Adam steps: an fp32 partition, 4Ψ/N whatever p is. Micro-batches
+    accumulate somewhere else:
+      stage 1  in the full gradients on the device (pΨ, with grad_accum > 1; rule 2);
+      stage 2  in a second host partition of pΨ/N, only with grad_accum > 1 (a lone
+               backward per step is copied straight into the fp32 partition);
+      stage 3  in a second host partition of pΨ/N (ZeRO-3's flat gradient buffer), always.
+ 4. Parameter offload (stage 3) moves the parameter partition to the host.
 
 `accounting="deepspeed"` reproduces DeepSpeed's estimate_zero2/3_model_states_mem_needs
-instead (device memory, mixed precision, stages 2 and 3): an fp32 gradient partition for the
-step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at stage 3 the largest layer's
-parameters and gradients gathered in full (2 + 2 bytes each) plus 18Ψ/N.
+instead (device memory, mixed precision, stages 2 and 3, no accumulation): an fp32 gradient
+partition for the step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at stage 3 the
+largest layer's parameters and gradients gathered in full (2 + 2 bytes each) plus 18Ψ/N.
 
 Activations saved for backward by plscale's Llama (counted from its autograd graph; a test
 checks the count against a saved-tensors census). Per layer, per micro-batch of b sequences
@@ -36,13 +56,21 @@ Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds
 micro-batches of L/pp layers, the whole model's worth (Korthikanti et al., 2022).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+from plscale.dsconfig.valid import require as require_valid_zero, zero_settings
 from plscale.errors import UserError
-from plscale.predict.presets import ModelConfig
+from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
+
+MODEL_STATES = ("parameters", "gradients", "master", "moments")
+LABELS = {"parameters": "parameters", "gradients": "gradients", "master": "optimizer: fp32 master",
+          "moments": "optimizer: Adam moments", "activations": "activations", "model_states": "model states",
+          # measured only (the rank's tensor census, the CUDA allocator), never predicted:
+          "buffers": "buffers (buckets, staging)", "other": "other (data, tables, ...)",
+          "allocated": "allocated (CUDA)"}
 
 
 @dataclass
@@ -58,21 +86,14 @@ class Setup:
     model: ModelConfig | None = None  # the shape, for activations (None: activations not estimated)
     seq: int = 1024
     micro_batch: int = 1
+    grad_accum: int = 1               # micro-batches per optimizer step (rules 2 and 3)
     recompute: bool = False
     largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
     accounting: str = "paper"         # "paper" or "deepspeed"
 
     def validate(self) -> None:
-        if self.stage not in (0, 1, 2, 3):
-            raise UserError(f"ZeRO stage {self.stage} does not exist: use 0, 1, 2 or 3.")
-        if self.precision not in BYTES:
-            raise UserError(f"Precision {self.precision!r} is not one of {', '.join(BYTES)}.")
-        if self.offload_param and self.stage != 3:
-            raise UserError(f"Parameter offload needs ZeRO stage 3 (got stage {self.stage}): "
-                            f"use --stage 3 or drop --offload-param.")
-        if self.offload_optimizer and self.stage == 0:
-            raise UserError("Optimizer offload needs ZeRO stage 1, 2 or 3 (got stage 0): raise --stage.")
-        for name in ("dp", "tp", "pp", "seq", "micro_batch"):
+        require_valid_zero(self.stage, self.precision, self.offload_optimizer, self.offload_param)
+        for name in ("dp", "tp", "pp", "seq", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
         if self.accounting not in ("paper", "deepspeed"):
@@ -85,9 +106,23 @@ class Setup:
                             f"pick a pipeline degree that divides {self.model.layers}.")
 
 
+def setup_from_ds_config(ds_config: dict, world_size: int, model: ModelConfig, seq: int) -> Setup:
+    """The Setup of a run: stage, precision, offload, micro batch and accumulation as its
+    DeepSpeed config says, data parallel over all `world_size` ranks, this model and seq."""
+    micro = ds_config.get("train_micro_batch_size_per_gpu")
+    accum = ds_config.get("gradient_accumulation_steps")
+    total = ds_config.get("train_batch_size")
+    if accum is None:  # DeepSpeed derives what is missing of the batch triple
+        accum = total // (micro * world_size) if total and micro else 1
+    if micro is None:
+        micro = total // (accum * world_size)
+    return Setup(params=param_count(model), dp=world_size, model=model, seq=seq, micro_batch=micro,
+                 grad_accum=accum, largest_layer=largest_layer_params(model), **zero_settings(ds_config))
+
+
 @dataclass
 class Term:
-    name: str
+    name: str                         # one of MODEL_STATES or "activations"; LABELS[name] to show it
     device: float                     # bytes per rank on the accelerator (or the CPU running it)
     host: float = 0.0                 # bytes per rank offloaded to host memory
     formula: str = ""
@@ -95,6 +130,10 @@ class Term:
     @property
     def total(self) -> float:
         return self.device + self.host
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.name]
 
 
 @dataclass
@@ -110,10 +149,15 @@ class Estimate:
 
     @property
     def model_states(self) -> float:
-        return sum(t.total for t in self.terms if t.name != "activations")
+        return sum(t.total for t in self.terms if t.name in MODEL_STATES)
 
-
-MODEL_STATES = ("parameters", "gradients", "optimizer: fp32 master", "optimizer: Adam moments")
+    def to_dict(self) -> dict:
+        """Plain data (`plscale estimate memory --json`): the setup, each term's bytes, totals."""
+        return {"setup": asdict(self.setup),
+                "terms": {t.name: {"label": t.label, "device": t.device, "host": t.host, "total": t.total,
+                                   "formula": t.formula} for t in self.terms},
+                "totals": {"device": self.total("device"), "host": self.total("host"),
+                           "model_states": self.model_states}}
 
 
 def estimate(s: Setup) -> Estimate:
@@ -127,19 +171,35 @@ def estimate(s: Setup) -> Estimate:
 
 def _paper_terms(s: Setup, psi: float) -> list[Term]:
     p, n = BYTES[s.precision], s.dp
-    master = 0 if (s.precision == "fp32" and s.stage == 0) else 4
-    shard = lambda stage: (n, "/N") if s.stage >= stage else (1, "")
-    (np_, fp), (ng, fg), (no, fo) = shard(3), shard(2), shard(1)
+    master = 0 if (s.precision == "fp32" and s.stage == 0) else 4                      # rule 1
+    shard = lambda stage: (n, "/N") if s.stage >= stage else (1, "")  # noqa: E731
+    (np_, fp), (no, fo) = shard(3), shard(1)
     terms = [Term("parameters", p * psi / np_, 0, f"{p}Ψ{fp}"),
-             Term("gradients", p * psi / ng, 0, f"{p}Ψ{fg}"),
-             Term("optimizer: fp32 master", master * psi / no, 0, f"{master}Ψ{fo}" if master else "0 (steps the weights)"),
-             Term("optimizer: Adam moments", 8 * psi / no, 0, f"8Ψ{fo}")]
-    if s.offload_optimizer:
-        for t in terms[1:]:
+             _gradients(s, psi),
+             Term("master", master * psi / no, 0, f"{master}Ψ{fo}" if master else "0 (steps the weights)"),
+             Term("moments", 8 * psi / no, 0, f"8Ψ{fo}")]
+    if s.offload_optimizer:                                                            # rule 3
+        for t in terms[2:]:
             t.device, t.host, t.formula = 0.0, t.device, t.formula + " on host"
-    if s.offload_param:
+    if s.offload_param:                                                                # rule 4
         terms[0].device, terms[0].host, terms[0].formula = 0.0, terms[0].device, terms[0].formula + " on host"
     return terms
+
+
+def _gradients(s: Setup, psi: float) -> Term:
+    """Gradients at their peak, while micro-batches accumulate (rules 2 and 3)."""
+    p, n, accumulating = BYTES[s.precision], s.dp, s.grad_accum > 1
+    full = s.stage == 0 or (s.stage == 1 and accumulating)
+    if not s.offload_optimizer:
+        if full:
+            return Term("gradients", p * psi, 0, f"{p}Ψ")
+        note = " (one micro-batch per step: reduced in backward)" if s.stage == 1 else ""
+        return Term("gradients", p * psi / n, 0, f"{p}Ψ/N{note}")
+    second = s.stage == 3 or (s.stage == 2 and accumulating)
+    host = 4 * psi / n + (p * psi / n if second else 0)
+    formula = (f"{p}Ψ accumulating; " if full else "") + "4Ψ/N fp32" \
+        + (f" + {p}Ψ/N accumulating," if second else "") + " on host"
+    return Term("gradients", p * psi if full else 0.0, host, formula)
 
 
 def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
@@ -147,16 +207,14 @@ def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
     n, big = s.dp, s.largest_layer
     if s.stage == 2:
         grads = Term("gradients", 6 * psi / n, 0, "2Ψ/N + 4Ψ/N fp32 partition")
-        states = [Term("optimizer: fp32 master", 4 * psi / n, 0, "4Ψ/N"),
-                  Term("optimizer: Adam moments", 8 * psi / n, 0, "8Ψ/N")]
+        states = [Term("master", 4 * psi / n, 0, "4Ψ/N"), Term("moments", 8 * psi / n, 0, "8Ψ/N")]
         if s.offload_optimizer:
             grads = Term("gradients", 0, 4 * psi / n, "4Ψ/N fp32 on host")
             states = [Term(t.name, 0, t.device, t.formula + " on host") for t in states]
         return [Term("parameters", 2 * psi, 0, "2Ψ"), grads, *states]
     params = Term("parameters", 2 * big + 2 * psi / n, 0, "2 x largest layer + 2Ψ/N")
     grads = Term("gradients", 2 * big + 4 * psi / n, 0, "2 x largest layer + 4Ψ/N fp32 partition")
-    states = [Term("optimizer: fp32 master", 4 * psi / n, 0, "4Ψ/N"),
-              Term("optimizer: Adam moments", 8 * psi / n, 0, "8Ψ/N")]
+    states = [Term("master", 4 * psi / n, 0, "4Ψ/N"), Term("moments", 8 * psi / n, 0, "8Ψ/N")]
     if s.offload_optimizer:
         grads = Term("gradients", 2 * big, 4 * psi / n, "2 x largest layer; 4Ψ/N on host")
         states = [Term(t.name, 0, t.device, t.formula + " on host") for t in states]

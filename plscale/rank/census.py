@@ -12,6 +12,10 @@ gathers them by role:
     moments      Adam's exp_avg and exp_avg_sq (optimizer.state)
     other        every other live tensor: data, RoPE tables, ...
 
+The role names are the memory model's terms (`plscale.predict.memory.MODEL_STATES` and
+`LABELS`), so a census and a prediction line up key by key; buffers and other are
+measured only.
+
 Tensors held only by C++ (the autograd graph's saved activations) are invisible here;
 `saved_activations` counts those with a saved-tensors hook instead.
 """
