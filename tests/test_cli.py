@@ -68,6 +68,12 @@ def test_lab_list_and_show():
     (["lab", "run", "mnist", "--set", "ds.micro_batch=5000"], "Global batch 10000"),
     (["lab", "run", "zero2", "--set", "memory.census_step=-1"], "memory.census_step -1: use 0 or more"),
     (["doctor", "--gpus", "2"], "add --distributed"),
+    (["lab", "run", "mnist", "--set", "ds.lr=-1"], "lr must be positive"),
+    (["lab", "run", "mnist", "--set", "ds.grad_clip=-1"], "must be 0 (off) or positive"),
+    (["lab", "run", "zero2", "--set", "ds.bucket_size=0"], "bucket_size must be at least 1"),
+    (["config", "new", "/tmp/plscale-never-written.json", "--gpus", "-2"], "world_size must be 0"),
+    (["estimate", "memory", "--seq", "0"], "--seq 0: a sequence has at least one token"),
+    (["estimate", "memory", "--budget", "-1"], "--budget -1: give the GiB one device has"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     result = cli(*args, env={"CUDA_VISIBLE_DEVICES": ""})  # as on a CPU machine, whatever this one has

@@ -79,6 +79,10 @@ def memory(
                         f"x data parallel {dp} = {micro_batch * grad_accum * dp}: fix one of the three.")
     if stage == 3 and accounting == "deepspeed" and config is None:
         raise UserError("DeepSpeed's ZeRO-3 estimate needs the largest layer: give a preset with --model.")
+    if seq is not None and seq < 1:
+        raise UserError(f"--seq {seq}: a sequence has at least one token; try --seq 2048.")
+    if budget is not None and budget <= 0:
+        raise UserError(f"--budget {budget:g}: give the GiB one device has, for example --budget 80.")
     seq = seq or (min(config.max_seq, 2048) if config else 1024)
     setup = Setup(params=params, stage=stage, dp=dp, precision=precision, offload_optimizer=offload_optimizer,
                   offload_param=offload_param, tp=tp, pp=pp, model=config, seq=seq, micro_batch=micro_batch,

@@ -59,6 +59,17 @@ class DSSpec:
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
+        if self.world_size < 0:
+            raise UserError(f"world_size must be 0 (unknown) or a rank count (got {self.world_size}).")
+        if self.lr <= 0:
+            raise UserError(f"lr must be positive (got {self.lr:g}), for example 1e-3.")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise UserError(f"grad_clip ({self.grad_clip:g}) and weight_decay ({self.weight_decay:g}) must be 0 (off) "
+                            f"or positive.")
+        if self.bucket_size < 1:
+            raise UserError(f"bucket_size must be at least 1 element (got {self.bucket_size}); 500000 suits CPUs.")
+        if self.warmup_steps < 0 or self.total_steps < 0 or self.pipe_activation_interval < 0:
+            raise UserError("warmup_steps, total_steps and pipe_activation_interval must be 0 or more.")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"Optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}.")
         if self.scheduler not in SCHEDULERS:
