@@ -31,8 +31,9 @@ def load(path: str | Path) -> dict:
     return config
 
 
-def rule_problems(config: dict, world_size: int) -> list[str]:
-    """plscale's own rules, each problem one line naming the numbers and the fix."""
+def rule_problems(config: dict, world_size: int, label: str = "world size") -> list[str]:
+    """plscale's own rules, each problem one line naming the numbers and the fix. world_size:
+    the data-parallel ranks (`label` names them: with pipeline stages they are fewer)."""
     problems = []
     micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps", 1)
@@ -43,13 +44,13 @@ def rule_problems(config: dict, world_size: int) -> list[str]:
             problems.append(f"{name} is {value!r}: it must be a whole number of at least 1.")
     if not problems and total is not None and micro is not None and total != micro * accum * world_size:
         problems.append(
-            f"train_batch_size {total} != micro batch {micro} x accumulation {accum} x world size "
+            f"train_batch_size {total} != micro batch {micro} x accumulation {accum} x {label} "
             f"{world_size} = {micro * accum * world_size}: set train_batch_size to "
             f"{micro * accum * world_size} or drop it and let DeepSpeed derive it.")
     if total is None and micro is None:
         problems.append("Neither train_batch_size nor train_micro_batch_size_per_gpu is set: set one.")
     if not problems and total is not None and micro is None and total % (accum * world_size):
-        problems.append(f"train_batch_size {total} is not divisible by accumulation {accum} x world size "
+        problems.append(f"train_batch_size {total} is not divisible by accumulation {accum} x {label} "
                         f"{world_size}: choose a multiple of {accum * world_size}.")
     problems += valid.problems(**valid.zero_settings(config))  # stage, precision and offload together
     if (config.get("fp16") or {}).get("enabled") and (config.get("bf16") or {}).get("enabled"):
@@ -101,8 +102,8 @@ def deepspeed_problem(config: dict, world_size: int) -> str | None:
     return None
 
 
-def check(config: dict, world_size: int) -> list[str]:
-    problems = rule_problems(config, world_size)
+def check(config: dict, world_size: int, label: str = "world size") -> list[str]:
+    problems = rule_problems(config, world_size, label)
     if not problems:
         problem = deepspeed_problem(config, world_size)
         if problem:

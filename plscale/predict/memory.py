@@ -223,15 +223,30 @@ def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
     return [params, grads, *states]
 
 
-def activation_bytes(s: Setup) -> float:
-    """Bytes saved for backward on the first pipeline stage, per micro-batch (see the module doc)."""
+def layer_activation_bytes(s: Setup) -> float:
+    """Bytes one decoder layer saves for backward, per micro-batch (see the module doc)."""
     c, e, t = s.model, BYTES[s.precision], s.tp
     sb = s.seq * s.micro_batch
-    full_layer = sb * (6 * c.hidden + 2) * e + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t \
+    return sb * (6 * c.hidden + 2) * e + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t \
         + 4 * c.heads * sb / t
-    layers = c.layers * sb * c.hidden * e + full_layer if s.recompute else c.layers * full_layer
-    head = sb * (3 * c.hidden + 1) * e + 4 * sb * c.vocab / t
-    return layers + head
+
+
+def head_activation_bytes(s: Setup) -> float:
+    """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
+    c, e, sb = s.model, BYTES[s.precision], s.seq * s.micro_batch
+    return sb * (3 * c.hidden + 1) * e + 4 * sb * c.vocab / s.tp
+
+
+def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> float:
+    """Bytes saved for backward per micro-batch by `layers` decoder layers (default: all) and,
+    if `head`, the head: the whole model, or one pipeline stage's share of it."""
+    c, e = s.model, BYTES[s.precision]
+    layers = c.layers if layers is None else layers
+    if s.recompute:
+        kept = layers * s.seq * s.micro_batch * c.hidden * e + (layer_activation_bytes(s) if layers else 0)
+    else:
+        kept = layers * layer_activation_bytes(s)
+    return kept + (head_activation_bytes(s) if head else 0)
 
 
 def _activation_formula(s: Setup) -> str:

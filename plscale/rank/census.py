@@ -21,6 +21,7 @@ Tensors held only by C++ (the autograd graph's saved activations) are invisible 
 """
 
 import gc
+import weakref
 from collections import defaultdict
 
 import torch
@@ -107,6 +108,51 @@ class saved_activations(torch.autograd.graph.saved_tensors_hooks):
             return t
 
         super().__init__(pack, lambda t: t)
+
+    def __enter__(self):
+        super().__enter__()
+        return self
+
+
+class _Saved:
+    """What autograd keeps for one saved tensor while `activations_in_flight` watches."""
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+class activations_in_flight(torch.autograd.graph.saved_tensors_hooks):
+    """Bytes saved for backward that are alive now, and their peak, across many forwards and
+    backwards (a pipeline's micro-batches in flight). A saved tensor counts from the forward
+    that saves it until autograd lets it go, after the backward that used it; each storage
+    once. `with activations_in_flight() as acts: ...schedule...`;  acts.peak, acts.now."""
+
+    def __init__(self):
+        self.live, self.now, self.peak = {}, 0, 0  # storage key -> [bytes, holders]
+
+        def pack(t):
+            weight = isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter)
+            if weight or t.device.type == "meta":
+                return t
+            key, nbytes = _storage(t)
+            entry = self.live.setdefault(key, [nbytes, 0])
+            if entry[1] == 0:
+                self.now += nbytes
+                self.peak = max(self.peak, self.now)
+            entry[1] += 1
+            holder = _Saved(t)
+            weakref.finalize(holder, self._release, key)
+            return holder
+
+        super().__init__(pack, lambda h: h.tensor if isinstance(h, _Saved) else h)
+
+    def _release(self, key) -> None:
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self.live[key]
 
     def __enter__(self):
         super().__enter__()

@@ -2,6 +2,11 @@
 
     defaults (lab.yaml) -> variant overrides -> --set k=v, --steps N -> check.py -> DeepSpeed config
 
+A lab that splits the model states its degrees in `settings.parallel` ({tp, pp, cp, ep}; absent
+means pure data parallelism): its ranks build their process groups from them
+(`Mesh.build(**settings["parallel"])`), and the DeepSpeed batch counts data-parallel ranks
+only, world / (tp x pp x cp).
+
 `plscale lab run` does this on the host and writes the result into the run directory
 (settings.json, ds_config.json), which the ranks read. Under a plain launcher
 (`deepspeed`/`torchrun` on the script) each rank does the same, with the same code.
@@ -11,7 +16,8 @@ from dataclasses import dataclass
 
 from plscale.dsconfig.check import check as check_config, load
 from plscale.dsconfig.spec import DSSpec, build
-from plscale.errors import UserError
+from plscale.errors import UserError, did_you_mean
+from plscale.mesh import Layout
 from plscale.run.labs import Lab, Variant
 from plscale.run.settings import flatten, resolve
 
@@ -48,17 +54,33 @@ def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None
                             f"{lab.folder / 'lab.yaml'}.")
         sets.append(f"{lab.steps_setting}={steps}")
     settings = resolve(lab.settings, variant.overrides, sets)
+    layout = layout_of(settings, topology.world_size)
     lab.check_settings(settings, topology)
-    return Resolved(lab, variant, settings, _ds_config(settings, topology.world_size, ds_config_file),
-                    ds_config_file)
+    return Resolved(lab, variant, settings, _ds_config(settings, layout, ds_config_file), ds_config_file)
 
 
-def _ds_config(settings: dict, world: int, path: str | None) -> dict:
-    """The run's DeepSpeed config: a user's file (checked) or the one built from settings."""
+def layout_of(settings: dict, world: int) -> Layout:
+    """The parallel layout `settings.parallel` asks of `world` ranks; one line when it cannot be."""
+    degrees = settings.get("parallel") or {}
+    for key in degrees:
+        if key not in ("tp", "pp", "cp", "ep"):
+            raise UserError(f"Unknown parallel degree {key!r}.{did_you_mean(key, ['tp', 'pp', 'cp', 'ep'])} "
+                            f"Use parallel.tp, .pp, .cp or .ep.")
+    try:
+        return Layout(world, **degrees)
+    except UserError as exc:
+        names = ", ".join(f"parallel.{k}={v}" for k, v in degrees.items())
+        raise UserError(f"{names} on {world} ranks: {exc}") from None
+
+
+def _ds_config(settings: dict, layout: Layout, path: str | None) -> dict:
+    """The run's DeepSpeed config: a user's file (checked) or the one built from settings.
+    Its batch counts data-parallel ranks: train_batch_size = micro x accumulation x dp."""
+    dp, label = layout.dp, "world size" if layout.dp == layout.world else "data-parallel size"
     if path:
         config = load(path)
-        problems = check_config(config, world)
+        problems = check_config(config, dp, label)
         if problems:
             raise UserError(f"{path}: " + " | ".join(problems))
         return config
-    return build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": world}))
+    return build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": dp}))

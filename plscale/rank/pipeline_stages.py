@@ -1,0 +1,71 @@
+"""What every pipeline engine of the lab shares: where the stages cut the model, the
+optimizer, and the gradient sums a pipeline needs besides its schedule.
+
+    parts = split(config, stages)            # [(start, stop)] piece ranges, stage 0 first
+    tied = TiedGroups.build(mesh)            # first and last stage of each pipeline
+    ...  forward and backward by some schedule ...
+    sync_grads(params, tied, mesh)           # sum the tied embedding/head, average over dp
+    opt.step()
+
+Pieces are those of `plscale.rank.models.llama_pieces` (embedding, layers, final norm, head).
+"""
+
+import torch
+import torch.distributed as dist
+
+from plscale.predict.presets import ModelConfig
+from plscale.rank.mesh import Mesh
+from plscale.rank.models.llama_pieces import tied_weight
+
+
+def split(c: ModelConfig, stages: int) -> list[tuple[int, int]]:
+    """Uniform over decoder layers: stage s gets layers [s L/S, (s+1) L/S); the embedding goes
+    with the first stage, the final norm and the head with the last."""
+    if stages > c.layers or c.layers % stages:
+        raise ValueError(f"{c.layers} layers do not split evenly into {stages} stages")
+    per = c.layers // stages
+    cuts = [0] + [1 + s * per for s in range(1, stages)] + [c.layers + 3]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def optimizer(params, ds_config: dict) -> torch.optim.Optimizer:
+    """torch's AdamW with the hyperparameters of the run's DeepSpeed config (what DeepSpeed
+    builds for `"torch_adam": true`), so every engine steps alike."""
+    kind = ds_config["optimizer"]["type"]
+    p = ds_config["optimizer"]["params"]
+    cls = torch.optim.AdamW if kind == "AdamW" else torch.optim.Adam
+    return cls(params, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"], weight_decay=p["weight_decay"])
+
+
+class TiedGroups:
+    """The process group of each pipeline's first and last stage (Megatron's embedding group),
+    where the tied embedding and head sum their gradients. Every rank builds every group."""
+
+    def __init__(self, mine, ranks):
+        self.group, self.ranks = mine, ranks
+
+    @classmethod
+    def build(cls, mesh: Mesh) -> "TiedGroups":
+        mine, my_ranks = None, []
+        for pipeline in mesh.layout.groups("pp"):
+            ranks = sorted({pipeline[0], pipeline[-1]})
+            group = dist.new_group(ranks) if len(ranks) > 1 else None
+            if mesh.rank in ranks:
+                mine, my_ranks = group, ranks
+        return cls(mine, my_ranks)
+
+
+@torch.no_grad()
+def sync_grads(stages, tied: TiedGroups, mesh: Mesh) -> None:
+    """After the last backward of a step: sum the tied weight's gradient over the first and last
+    stage (each holds a copy), then average every gradient over the data-parallel replicas."""
+    weights = {id(w): w for w in (tied_weight(s) for s in stages) if w is not None and w.grad is not None}
+    if tied.group is not None:
+        for w in weights.values():
+            dist.all_reduce(w.grad, group=tied.group)
+    if mesh.size("dp") > 1:
+        for stage in stages:
+            for p in stage.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=mesh.group("dp"))
+                    p.grad /= mesh.size("dp")
