@@ -194,6 +194,16 @@ def peak_in_flight(order_list) -> int:
     return peak
 
 
+def peak_bytes(order_list, bytes_per_chunk: dict) -> float:
+    """The most activation bytes a rank holds: each forward of chunk c adds bytes_per_chunk[c]
+    (one micro-batch of that chunk's layers), its backward (B) gives them back."""
+    held = peak = 0.0
+    for kind, _, chunk in order_list:
+        held += {"F": 1, "B": -1}.get(kind, 0) * bytes_per_chunk[chunk]
+        peak = max(peak, held)
+    return peak
+
+
 def in_flight(schedule: str, p: int, m: int, rank: int, v: int = 1) -> int:
     return peak_in_flight(order(schedule, p, m, rank, v))
 

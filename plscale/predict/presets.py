@@ -50,6 +50,9 @@ PRESETS = {
     "tiny": ModelConfig(vocab=2048, hidden=128, layers=2, heads=4, kv_heads=4, ffn=384, max_seq=128),
     # CPU-sized: the lab's default, a minute or two on a laptop.
     "small": ModelConfig(vocab=8192, hidden=256, layers=4, heads=4, kv_heads=4, ffn=704, max_seq=128),
+    # small's width, twice its depth, a quarter of its vocabulary: cut into pipeline stages of
+    # near-equal work (the output head costs about 0.6 of a layer, not small's 2.6).
+    "deep": ModelConfig(vocab=2048, hidden=256, layers=8, heads=4, kv_heads=4, ffn=704, max_seq=256),
     # GPT-2 small/medium widths, Llama-shaped (f = 8/3 d, rounded up to 256), tied embeddings.
     "124m": ModelConfig(vocab=50304, hidden=768, layers=12, heads=12, kv_heads=12, ffn=2048, max_seq=1024),
     "350m": ModelConfig(vocab=50304, hidden=1024, layers=24, heads=16, kv_heads=16, ffn=2816, max_seq=1024),

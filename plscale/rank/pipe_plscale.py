@@ -34,11 +34,14 @@ class PlscalePipeline:
         self.device = next(reference.parameters()).device
         self.stage = build_pieces(reference, *self.parts[self.s])
         self.optimizer = optimizer(self.stage.parameters(), ds_config)
-        self.tied = TiedGroups.build(mesh)
+        self.tied = TiedGroups.build(mesh, self.config)
         self.ops, self.shape = [], None
 
     def _record(self, kind, micro, start, end):
         self.ops.append(Op(self.s, kind, micro, start, end, self.s))
+
+    def set_micro_batches(self, m: int) -> None:
+        """Nothing to do: the schedules take as many micro-batches as step() is given."""
 
     def step(self, micro_batches) -> float:
         shapes = {tuple(tokens.shape) for tokens, _ in micro_batches}

@@ -90,9 +90,7 @@ class TorchPipeline:
             stage.backward_one_chunk = self._timed(s, "B", stage.backward_one_chunk)
         self.first, self.last = 0 in self.stages_here, self.num_stages - 1 in self.stages_here
         # sync_grads sums whatever embedding and head weights it finds: only when they are tied
-        # (TiedGroups.build is a collective: every rank, once, or none of them)
-        self.tied = (pipeline_stages.TiedGroups.build(mesh) if reference.config.tie_embeddings
-                     else pipeline_stages.TiedGroups(None, []))
+        self.tied = pipeline_stages.TiedGroups.build(mesh, reference.config)  # a collective: every rank
         self.optimizer = pipeline_stages.optimizer([q for m in self.modules for q in m.parameters()], ds_config)
         self.schedule, self.m, self.shape, self.ops = None, None, None, []
 

@@ -2,7 +2,7 @@
 optimizer, and the gradient sums a pipeline needs besides its schedule.
 
     parts = split(config, stages)            # [(start, stop)] piece ranges, stage 0 first
-    tied = TiedGroups.build(mesh)            # first and last stage of each pipeline
+    tied = TiedGroups.build(mesh, config)    # first and last stage of each pipeline (tied models)
     ...  forward and backward by some schedule ...
     sync_grads(params, tied, mesh)           # sum the tied embedding/head, average over dp
     opt.step()
@@ -39,14 +39,17 @@ def optimizer(params, ds_config: dict) -> torch.optim.Optimizer:
 
 class TiedGroups:
     """The process group of each pipeline's first and last stage (Megatron's embedding group),
-    where the tied embedding and head sum their gradients. Every rank builds every group."""
+    where the tied embedding and head sum their gradients. Every rank builds every group; a
+    model whose head has its own weight builds none (nothing to sum)."""
 
     def __init__(self, mine, ranks):
         self.group, self.ranks = mine, ranks
 
     @classmethod
-    def build(cls, mesh: Mesh) -> "TiedGroups":
+    def build(cls, mesh: Mesh, config: ModelConfig) -> "TiedGroups":
         mine, my_ranks = None, []
+        if not config.tie_embeddings:
+            return cls(mine, my_ranks)
         for pipeline in mesh.layout.groups("pp"):
             ranks = sorted({pipeline[0], pipeline[-1]})
             group = dist.new_group(ranks) if len(ranks) > 1 else None

@@ -78,7 +78,7 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
     if variant.launcher and variant.launcher != launcher:
         raise UserError(f"Variant {variant.name!r} runs under {variant.launcher}, not {launcher}: "
                         f"drop --launcher or use --launcher {variant.launcher}.")
-    ranks = lab.default_ranks if opts.gpus is None else opts.gpus
+    ranks = (variant.ranks or lab.default_ranks) if opts.gpus is None else opts.gpus
     if ranks < 1:
         raise UserError(f"--gpus {ranks}: a run needs at least 1 rank; try --gpus {lab.default_ranks}.")
     if ranks not in lab.allowed_ranks:

@@ -1,0 +1,97 @@
+"""Lab 05 end to end on CPU ranks: every engine (plscale's GPipe and 1F1B, DeepSpeed's
+PipelineModule, torch.distributed.pipelining) gives the unpipelined model's loss, the
+engines agree with each other, activations in flight follow the schedule, the timeline and
+the bubble table come out of the run; bad input is caught before launching."""
+
+import json
+
+import pytest
+
+from conftest import load_summary
+
+FAST = ["--cpu", "--steps", "3", "--set", "model.seq=32", "--set", "bubble.micro_batches=[2,4]",
+        "--set", "bubble.steps=2", "--set", "ds.grad_accum=4"]
+
+
+def run_lab(cli, variant: str, *extra, gpus: int = 2) -> dict:
+    out = cli("lab", "run", "pipeline", "--variant", variant, "--gpus", gpus, *FAST, *extra)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = sorted(p for p in cli.runs.iterdir() if p.name.endswith(f"pipeline-{variant}"))
+    run_dir = runs[-1]
+    assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run_dir / "bubble.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return load_summary(run_dir)
+
+
+def check_summary(s: dict, m: int = 4) -> None:
+    checks = {c["name"]: c for c in s["checks"]}
+    assert checks["pipelined loss equals the unpipelined model's"]["ok"], checks
+    assert s["passed"], s["checks"]
+    # activations in flight: the schedule's count of micro-batches times one micro-batch, within 5%
+    for row in s["activations"]:
+        assert abs(row["measured_bytes"] - row["predicted_bytes"]) <= 0.05 * row["predicted_bytes"], row
+    # every stage ran m forwards and m backwards in the timeline's step
+    for stage in range(s["stages"] * s["virtual"]):
+        for kind in ("F", "B"):
+            micro = sorted(o["micro"] for o in s["timeline"] if o["kind"] == kind and o["stage"] == stage)
+            assert micro == list(range(m)), (kind, stage, micro)
+    assert [r["m"] for r in s["bubble"]] == [2, 4]
+    for row in s["bubble"]:
+        assert 0 <= row["measured"] < 1
+
+
+@pytest.mark.e2e
+def test_plscale_schedules_match_the_unpipelined_model_and_each_other(cli):
+    one_f_one_b, gpipe = run_lab(cli, "1f1b"), run_lab(cli, "gpipe")
+    for s in (one_f_one_b, gpipe):
+        check_summary(s)
+    assert one_f_one_b["losses"] == gpipe["losses"]  # same arithmetic, other order
+    # GPipe holds all m micro-batches on every stage; 1F1B at most p - s: less on stage 0
+    first = lambda s: s["activations"][0]["measured_bytes"]  # noqa: E731
+    assert first(gpipe) > 1.5 * first(one_f_one_b)
+
+
+@pytest.mark.e2e
+def test_deepspeed_pipeline_module_matches(cli):
+    s = run_lab(cli, "deepspeed")
+    check_summary(s)
+    assert {c["name"] for c in s["checks"]} >= {"DeepSpeed's groups are the mesh's"}
+    ours = run_lab(cli, "1f1b")
+    assert max(abs(a - b) / b for a, b in zip(s["losses"], ours["losses"])) < 1e-5
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("variant", ["torch-1f1b", "torch-interleaved"])
+def test_torch_pipelining_matches(cli, variant):
+    check_summary(run_lab(cli, variant))
+
+
+@pytest.mark.e2e
+def test_pipeline_times_data_parallel_on_four_ranks(cli):
+    s = run_lab(cli, "pp-dp", gpus=4)
+    check_summary(s)
+    assert s["replicas"] == 2 and s["stages"] == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus", "2", "--set", "parallel.pp=3"], "not a multiple of tp 1 x pp 3"),
+    (["--gpus", "4", "--set", "parallel.pp=4", "--set", "model.preset=tiny"], "4 pipeline stages for 2 layers"),
+    (["--variant", "torch-interleaved", "--set", "ds.grad_accum=3"], "3 micro-batches do not divide into rounds of 2"),
+    (["--variant", "deepspeed", "--set", "pipeline.schedule=gpipe"], "is not one the deepspeed engine runs"),
+    (["--set", "ds.stage=2"], "ZeRO stage 0 in fp32"),
+])
+def test_bad_pipeline_settings_fail_before_launch(cli, args, message):
+    out = cli("lab", "run", "pipeline", "--cpu", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
+
+
+def test_ds_config_batch_counts_data_parallel_ranks_only(cli, tmp_path):
+    """2 stages x 2 replicas: train_batch_size is micro x accumulation x 2, not x 4."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+                                  "train_batch_size": 64, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    out = cli("lab", "run", "pp-dp", "--cpu", "--ds-config", config)
+    assert out.returncode == 2
+    assert "64 != micro batch 2 x accumulation 8 x data-parallel size 2 = 32" in out.stderr
