@@ -26,7 +26,7 @@ ENGINES = {"plscale 1F1B": "1f1b", "plscale GPipe": "gpipe", "DeepSpeed": "deeps
 def run(variant: str, args, runs: Path) -> dict:
     argv = [sys.executable, "-m", "plscale.cli.main", "lab", "run", "pipeline", "--variant", variant,
             "--gpus", str(args.gpus), "--steps", str(args.steps), "--set", "train.parity_steps=0",
-            "--set", "bubble.micro_batches=[1,2,4,8,16]", "--set", "bubble.steps=3"] + (["--cpu"] if args.cpu else [])
+            "--set", "bubble.micro_batches=[2,4,8,16]", "--set", "bubble.steps=3"] + (["--cpu"] if args.cpu else [])
     env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs)}
     out = subprocess.run(argv, env=env, capture_output=True, text=True)
     if out.returncode not in (0, 1):  # 1: a lab check failed; the figures still count

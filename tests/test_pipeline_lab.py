@@ -6,8 +6,13 @@ the bubble table come out of the run; bad input is caught before launching."""
 import json
 
 import pytest
+import torch
 
 from conftest import load_summary
+from plscale.predict import memory
+from plscale.predict.presets import preset
+from plscale.rank.census import activations_in_flight, saved_activations
+from plscale.rank.models.llama import Llama
 
 FAST = ["--cpu", "--steps", "3", "--set", "model.seq=32", "--set", "bubble.micro_batches=[2,4]",
         "--set", "bubble.steps=2", "--set", "ds.grad_accum=4"]
@@ -61,7 +66,7 @@ def test_deepspeed_pipeline_module_matches(cli):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("variant", ["torch-1f1b", "torch-interleaved"])
+@pytest.mark.parametrize("variant", ["torch-gpipe", "torch-1f1b", "torch-interleaved"])
 def test_torch_pipelining_matches(cli, variant):
     check_summary(run_lab(cli, variant))
 
@@ -71,6 +76,14 @@ def test_pipeline_times_data_parallel_on_four_ranks(cli):
     s = run_lab(cli, "pp-dp", gpus=4)
     check_summary(s)
     assert s["replicas"] == 2 and s["stages"] == 2
+
+
+@pytest.mark.e2e
+def test_deepspeed_four_stages(cli):
+    s = run_lab(cli, "deepspeed", "--set", "parallel.pp=4", gpus=4)
+    check_summary(s)
+    assert s["replicas"] == 1 and len(s["parts"]) == 4
+    assert s["parts"][0][0] == 0 and s["parts"][-1][1] == 8 + 3  # embedding first, head last, nothing lost
 
 
 @pytest.mark.parametrize("args,message", [
@@ -95,3 +108,40 @@ def test_ds_config_batch_counts_data_parallel_ranks_only(cli, tmp_path):
     out = cli("lab", "run", "pp-dp", "--cpu", "--ds-config", config)
     assert out.returncode == 2
     assert "64 != micro batch 2 x accumulation 8 x data-parallel size 2 = 32" in out.stderr
+
+
+def test_ds_config_micro_batches_must_divide_the_batch(cli, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"gradient_accumulation_steps": 4, "train_batch_size": 30,
+                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    out = cli("lab", "run", "pipeline", "--cpu", "--ds-config", config)
+    assert out.returncode == 2
+    assert "train_batch_size 30 is not divisible by accumulation 4 x data-parallel size 1" in out.stderr
+
+
+# ---- the pieces the lab's predictions rest on ---------------------------------------------
+
+def test_activations_in_flight_rise_with_each_forward_and_fall_with_each_backward():
+    config = preset("tiny")
+    torch.manual_seed(0)
+    model = Llama(config)
+    tokens = torch.randint(0, config.vocab, (2, 33))
+    with saved_activations() as one:
+        model(tokens[:, :-1], tokens[:, 1:])
+    with activations_in_flight() as acts:
+        losses = [model(tokens[:, :-1], tokens[:, 1:]) for _ in range(3)]  # GPipe-like: 3 in flight
+        # (the token ids are one storage, saved by all three forwards: counted once)
+        assert acts.now == acts.peak == pytest.approx(3 * one.bytes, rel=1e-3)
+        losses[0].backward()
+        assert acts.now == pytest.approx(2 * one.bytes, rel=1e-3)
+        for loss in losses[1:]:
+            loss.backward()
+        assert acts.now == 0 and acts.peak == pytest.approx(3 * one.bytes, rel=1e-3)
+
+
+def test_stage_activations_add_up_to_the_model():
+    config = preset("deep")
+    setup = memory.Setup(params=1, precision="fp32", model=config, seq=128, micro_batch=2)
+    halves = memory.activation_bytes(setup, layers=4, head=False) + memory.activation_bytes(setup, layers=4, head=True)
+    assert halves == memory.activation_bytes(setup)
+    assert memory.activation_bytes(setup, layers=0, head=True) == memory.head_activation_bytes(setup)

@@ -31,7 +31,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.models.llama_pieces import piece_names
-from plscale.rank.pipeline_stages import optimizer
+from plscale.rank.pipeline.stages import optimizer
 
 MiB = 2**20
 ctx = runtime.start(__file__)
@@ -67,13 +67,13 @@ ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, tokeniz
 torch.manual_seed(seed)
 reference = Llama(config).to(dev)
 if engine_name == "deepspeed":
-    from plscale.rank.pipe_deepspeed import DeepSpeedPipeline
+    from plscale.rank.pipeline.deepspeed_engine import DeepSpeedPipeline
     engine = DeepSpeedPipeline(reference, mesh, ds, partition=S["pipeline"]["partition"])
 elif engine_name == "torch":
-    from plscale.rank.pipe_torch import TorchPipeline
+    from plscale.rank.pipeline.torch_engine import TorchPipeline
     engine = TorchPipeline(reference, mesh, ds, schedule=schedule, virtual=v)
 else:
-    from plscale.rank.pipe_plscale import PlscalePipeline
+    from plscale.rank.pipeline.plscale_engine import PlscalePipeline
     engine = PlscalePipeline(reference, mesh, ds, schedule=schedule)
 names = piece_names(config)
 ctx.log(f"\n{engine_name} engine, {schedule}, p={P} stages{f' x {v} per rank' if v > 1 else ''}, "
@@ -142,6 +142,10 @@ if ctx.is_main:
                        f"planned: {plan_schedule}, forward 1, backward 2: bubble {100 * plan.bubble_of(planned):.1f}%")
 
 # ---- The bubble against m: a few steps at each m, the median of all but the first ----------
+# Theory assumes equal stages; the plan redone with this run's forward and backward times per
+# stage (medians of the step above) shows what uneven stages alone would cost.
+durations = {k: [statistics.median([o.end - o.start for o in measured_ops if o.kind == k and o.stage == s] or [0])
+                 for s in range(P * v)] for k in "FB"}
 rows = []
 for count in S["bubble"]["micro_batches"]:
     engine.set_micro_batches(count)
@@ -150,7 +154,9 @@ for count in S["bubble"]["micro_batches"]:
         engine.step(batch(steps + k, count))
         ops = pipeline_ops(engine.ops)
         fractions.append(plan.bubble_of(ops) if ctx.is_main else 0.0)
+    uneven = plan.simulate(plan_schedule, P, count, v, f=durations["F"], b=durations["B"])
     rows.append({"m": count, "theory": plan.bubble_fraction(P, count, v),
+                 "planned with measured stage times": plan.bubble_of(uneven),
                  "measured": statistics.median(fractions[1:])})
     ctx.metrics.progress("bubble against m", len(rows), len(S["bubble"]["micro_batches"]), f"m={count}")
 engine.set_micro_batches(m)
@@ -187,9 +193,12 @@ if ctx.is_main:
               f"worst stage off by {100 * worst:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
 
     ctx.log("\nthe bubble: idle share of each stage's step time, measured and (p-1)/(v m+p-1)")
-    ctx.log(f"  {'m':>4}{'measured':>11}{'theory':>9}")
+    ctx.log(f"  {'m':>4}{'measured':>11}{'theory':>9}{'planned with measured stage times':>36}")
     for row in rows:
-        ctx.log(f"  {row['m']:>4}{100 * row['measured']:10.1f}%{100 * row['theory']:8.1f}%")
+        ctx.log(f"  {row['m']:>4}{100 * row['measured']:10.1f}%{100 * row['theory']:8.1f}%"
+                f"{100 * row['planned with measured stage times']:35.1f}%")
+    ctx.log("  stage times, forward / backward, ms: " + ", ".join(
+        f"{s}: {1e3 * f:.1f} / {1e3 * b:.1f}" for s, (f, b) in enumerate(zip(durations["F"], durations["B"]))))
     timeline.bubble_chart(ctx.run_dir / "bubble.png", rows, f"{engine_name} {schedule}, p={P}: the bubble against m")
     warm = times[len(times) // 4:] or times
     step_s = statistics.median(warm)

@@ -39,7 +39,7 @@ check: torch 2.13, deepspeed 0.19.8, 2 CPU ranks over gloo):
   engine.reset_activation_shape() before the step of a new shape.
 - The UserWarning "c10d::broadcast_: an autograd kernel was not registered" at the first
   backward comes from DeepSpeed broadcasting the tied weight at build time: harmless (the
-  losses equal the unpipelined model's).
+  losses equal the unpipelined model's), so it is filtered here.
 
 Timing: "wall_clock_breakdown" crashes a non-last stage, so each instruction of
 PipelineEngine._INSTRUCTION_MAP is wrapped to record perf_counter before and after; the n-th
@@ -49,6 +49,7 @@ includes the loss), BackwardPass -> "B", Send*/Recv* -> "send"/"recv", Optimizer
 """
 
 import time
+import warnings
 from collections import Counter
 
 import torch
@@ -57,6 +58,8 @@ from plscale.errors import UserError
 from plscale.predict.pipeline import Op
 from plscale.rank.mesh import Mesh
 from plscale.rank.models import llama_pieces
+
+warnings.filterwarnings("ignore", message=r"c10d::broadcast_: an autograd kernel was not registered")
 
 KINDS = {"ForwardPass": "F", "BackwardPass": "B", "SendActivation": "send", "SendGrad": "send",
          "RecvActivation": "recv", "RecvGrad": "recv", "OptimizerStep": "step"}

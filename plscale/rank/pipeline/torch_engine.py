@@ -25,7 +25,7 @@ The loss of a micro-batch is the mean over its tokens (llama_pieces.loss_fn); wi
 scale_grads=True (the default) torch divides every gradient by m after the last backward:
 the gradient of the MEAN loss over the batch, as the unpipelined model's (measured: the
 same losses bit for bit). torch knows nothing of tied weights or data parallelism, so
-`pipeline_stages.sync_grads` sums the embedding's and the head's gradients over the first
+`stages.sync_grads` sums the embedding's and the head's gradients over the first
 and last stage and averages every gradient over dp before AdamW steps.
 
 Traps: the schedule infers shapes on its first step (running a forward and a backward of the
@@ -55,10 +55,10 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from plscale.errors import UserError
 from plscale.predict.pipeline import Op
-from plscale.rank import pipeline_stages
 from plscale.rank.distributed import device_type
 from plscale.rank.mesh import Mesh
 from plscale.rank.models import llama_pieces
+from plscale.rank.pipeline.stages import TiedGroups, optimizer, split, sync_grads
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -79,7 +79,7 @@ class TorchPipeline:
         self.device = device or (torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"))
         p, me = mesh.size("pp"), mesh.rank_in("pp")
         self.pp_rank, self.num_stages = me, p * virtual
-        self.parts = pipeline_stages.split(reference.config, self.num_stages)
+        self.parts = split(reference.config, self.num_stages)
         self.stages_here = [me + k * p for k in range(virtual)]   # loop placement: r, r + P, ...
         self.modules = [llama_pieces.build_pieces(reference, *self.parts[s]).to(self.device)
                         for s in self.stages_here]
@@ -90,8 +90,8 @@ class TorchPipeline:
             stage.backward_one_chunk = self._timed(s, "B", stage.backward_one_chunk)
         self.first, self.last = 0 in self.stages_here, self.num_stages - 1 in self.stages_here
         # sync_grads sums whatever embedding and head weights it finds: only when they are tied
-        self.tied = pipeline_stages.TiedGroups.build(mesh, reference.config)  # a collective: every rank
-        self.optimizer = pipeline_stages.optimizer([q for m in self.modules for q in m.parameters()], ds_config)
+        self.tied = TiedGroups.build(mesh, reference.config)  # a collective: every rank
+        self.optimizer = optimizer([q for m in self.modules for q in m.parameters()], ds_config)
         self.schedule, self.m, self.shape, self.ops = None, None, None, []
 
     def _timed(self, stage: int, kind: str, chunk_fn):
@@ -154,7 +154,7 @@ class TorchPipeline:
             self.schedule.step(target=targets, losses=losses)
         else:
             self.schedule.step()
-        pipeline_stages.sync_grads(self.modules, self.tied, self.mesh)
+        sync_grads(self.modules, self.tied, self.mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._mean_loss(losses)

@@ -4,11 +4,11 @@
     loss = engine.step(micro_batches)   # m (tokens, targets) pairs of this replica: one optimizer step
     engine.ops                          # this rank's timed work in that step (plscale.predict.pipeline.Op)
 
-One stage per rank, stages cut uniformly over the decoder layers (`pipeline_stages.split`),
+One stage per rank, stages cut uniformly over the decoder layers (`stages.split`),
 weights copied from the full `reference` model so that every engine starts alike. After the
 schedule: the tied embedding and head sum their gradients, replicas average theirs (PP x DP),
 and torch's AdamW steps with the DeepSpeed config's hyperparameters. The same interface as
-`pipe_deepspeed.DeepSpeedPipeline` and `pipe_torch.TorchPipeline`.
+`deepspeed_engine.DeepSpeedPipeline` and `torch_engine.TorchPipeline`.
 """
 
 import torch
@@ -20,7 +20,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama_pieces import build_pieces, loss_fn
 from plscale.rank.parallel.p2p import StageLinks
 from plscale.rank.parallel.pipeline import Schedule
-from plscale.rank.pipeline_stages import TiedGroups, optimizer, split, sync_grads
+from plscale.rank.pipeline.stages import TiedGroups, optimizer, split, sync_grads
 
 
 class PlscalePipeline:
