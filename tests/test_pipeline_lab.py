@@ -41,8 +41,10 @@ def check_summary(s: dict, m: int = 4) -> None:
             micro = sorted(o["micro"] for o in s["timeline"] if o["kind"] == kind and o["stage"] == stage)
             assert micro == list(range(m)), (kind, stage, micro)
     assert [r["m"] for r in s["bubble"]] == [2, 4]
+    p, v = s["stages"], s["virtual"]
     for row in s["bubble"]:
-        assert 0 <= row["measured"] < 1
+        assert row["theory"] == (p - 1) / (v * row["m"] + p - 1)
+        assert 0 < row["measured"] < 1
 
 
 @pytest.mark.e2e
@@ -79,6 +81,16 @@ def test_pipeline_times_data_parallel_on_four_ranks(cli):
 
 
 @pytest.mark.e2e
+def test_plscale_1f1b_on_four_stages(cli):
+    """Middle stages both receive and send, in both directions: where a schedule deadlocks."""
+    s = run_lab(cli, "1f1b", "--set", "parallel.pp=4", gpus=4)
+    check_summary(s)
+    # 1F1B: stage s holds p - s micro-batches of two layers at its peak (m = 4 = p)
+    held = [row["measured_bytes"] for row in s["activations"]]
+    assert held[0] > held[1] > held[2] and abs(held[0] / held[2] - 2) < 0.05
+
+
+@pytest.mark.e2e
 def test_deepspeed_four_stages(cli):
     s = run_lab(cli, "deepspeed", "--set", "parallel.pp=4", gpus=4)
     check_summary(s)
@@ -92,6 +104,9 @@ def test_deepspeed_four_stages(cli):
     (["--variant", "torch-interleaved", "--set", "ds.grad_accum=3"], "3 micro-batches do not divide into rounds of 2"),
     (["--variant", "deepspeed", "--set", "pipeline.schedule=gpipe"], "is not one the deepspeed engine runs"),
     (["--set", "ds.stage=2"], "ZeRO stage 0 in fp32"),
+    (["--set", "bubble.micro_batches=4"], "give a list such as"),
+    (["--set", "bubble.steps=2.5"], "bubble.steps 2.5: use a whole number of at least 2"),
+    (["--variant", "torch-interleaved", "--set", "parallel.pp=1"], "Interleaving needs a pipeline of 2 or more"),
 ])
 def test_bad_pipeline_settings_fail_before_launch(cli, args, message):
     out = cli("lab", "run", "pipeline", "--cpu", *args)

@@ -87,7 +87,8 @@ if engine_name == "deepspeed":  # DeepSpeed builds its own groups: they must be 
     ctx.check("DeepSpeed's groups are the mesh's", bool(same.item()), "pp and dp ranks equal on every rank")
 
 # ---- Training; activations in flight counted during one step ------------------------------
-steps, census_step = S["train"]["steps"], S["memory"]["census_step"]
+steps = S["train"]["steps"]
+census_step = min(S["memory"]["census_step"], steps - 1)
 losses, times, peak = [], [], 0
 for step in range(steps):
     t0 = time.perf_counter()
@@ -115,11 +116,11 @@ def unpipelined_losses(count: int) -> list:
     return out
 
 
-parity = S["train"]["parity_steps"]
+parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:
     want = unpipelined_losses(parity)
     gap = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
-    ctx.log(f"\nloss, pipelined vs unpipelined: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
+    ctx.log("\nloss, pipelined vs unpipelined: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
     ctx.check("pipelined loss equals the unpipelined model's", gap <= 1e-5,
               f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
 
@@ -174,6 +175,12 @@ def stage_bytes(s: int) -> float:
     return memory.activation_bytes(setup, layers=layers, head=b == config.layers + 3)
 
 
+def held(order) -> str:
+    n = plan.peak_in_flight(order)
+    return f"{n} (micro-batch, chunk) pairs" if v > 1 else f"{n} micro-batch{'es' * (n != 1)}"
+
+
+row_name = "rank" if v > 1 else "stage"  # interleaved: a rank runs v stages
 figures, memory_rows = [], []
 if ctx.is_main:
     ctx.log(f"\nactivations in flight at their peak (step {census_step}), MiB; prediction: micro-batches in "
@@ -183,16 +190,17 @@ if ctx.is_main:
         order = plan.order(plan_schedule, P, m, r, v)
         predicted = plan.peak_bytes(order, {c: stage_bytes(c * P + r) for c in range(v)})
         error = abs(peaks[rank] - predicted) / predicted
-        ctx.log(f"  stage {r}: measured {peaks[rank] / MiB:8.2f}   predicted {predicted / MiB:8.2f}   "
-                f"({plan.peak_in_flight(order)} micro-batches)   error {100 * error:.1f}%")
+        ctx.log(f"  {row_name} {r}: measured {peaks[rank] / MiB:8.2f}   predicted {predicted / MiB:8.2f}   "
+                f"({held(order)} in flight)   error {100 * error:.1f}%")
         memory_rows.append({"stage": r, "measured_bytes": peaks[rank], "predicted_bytes": predicted})
-        figures.append(figure(f"activations in flight, stage {r}", round(peaks[rank] / MiB, 3), "MiB",
+        figures.append(figure(f"activations in flight, {row_name} {r}", round(peaks[rank] / MiB, 3), "MiB",
                               round(predicted / MiB, 3), f"error {100 * error:.1f}%"))
     worst = max(abs(x["measured_bytes"] - x["predicted_bytes"]) / x["predicted_bytes"] for x in memory_rows)
     ctx.check("activations in flight match the model", worst <= S["memory"]["tolerance"],
-              f"worst stage off by {100 * worst:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
+              f"worst {row_name} off by {100 * worst:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
 
-    ctx.log("\nthe bubble: idle share of each stage's step time, measured and (p-1)/(v m+p-1)")
+    formula = "(p-1)/(v m+p-1)" if v > 1 else "(p-1)/(m+p-1)"
+    ctx.log(f"\nthe bubble: idle share of each stage's step time, measured and {formula}")
     ctx.log(f"  {'m':>4}{'measured':>11}{'theory':>9}{'planned with measured stage times':>36}")
     for row in rows:
         ctx.log(f"  {row['m']:>4}{100 * row['measured']:10.1f}%{100 * row['theory']:8.1f}%"

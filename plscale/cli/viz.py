@@ -24,6 +24,9 @@ def _check(schedule: str, stages: int, micro: int, virtual: int) -> None:
     for flag, value in (("--stages", stages), ("--micro", micro), ("--virtual", virtual)):
         if value < 1:
             raise UserError(f"{flag} must be a whole number of at least 1 (got {value}).")
+    if schedule == "interleaved" and virtual < 2:
+        raise UserError(f"--virtual {virtual}: interleaving gives each rank 2 or more chunks; with 1 it is plain "
+                        f"1F1B (--schedule 1f1b).")
     if schedule == "interleaved" and micro % stages:
         near = sorted({max(stages, micro // stages * stages), -(-micro // stages) * stages})
         raise UserError(f"--micro {micro} is not a multiple of --stages {stages}: interleaved 1F1B sends "

@@ -74,6 +74,8 @@ def check(schedule: str, p: int, m: int, v: int = 1) -> None:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
     if p < 1 or m < 1 or v < 1:
         raise ValueError(f"stages, micro-batches and chunks must be at least 1 (got p={p}, m={m}, v={v})")
+    if schedule == "interleaved" and v < 2:
+        raise ValueError(f"interleaved 1F1B gives each rank v >= 2 chunks (got v={v}); v=1 is plain 1F1B")
     if schedule == "interleaved" and m % p:
         raise ValueError(f"interleaved 1F1B sends micro-batches round in groups of p: m={m} must be a "
                          f"multiple of p={p}")

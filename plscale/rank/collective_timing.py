@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from plscale.predict.busbw import SHARDED, bandwidths, element_count
+from plscale.predict.busbw import bandwidths, element_count
 from plscale.rank.parallel.naive import naive_all_reduce
 from plscale.rank.parallel.ring import ring_all_reduce
 

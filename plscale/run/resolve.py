@@ -70,7 +70,7 @@ def layout_of(settings: dict, world: int) -> Layout:
         return Layout(world, **degrees)
     except UserError as exc:
         names = ", ".join(f"parallel.{k}={v}" for k, v in degrees.items())
-        raise UserError(f"{names} on {world} ranks: {exc}") from None
+        raise UserError(f"{names} on {world} rank{'s' * (world != 1)}: {exc}") from None
 
 
 def _ds_config(settings: dict, layout: Layout, path: str | None) -> dict:

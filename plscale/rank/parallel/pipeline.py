@@ -14,10 +14,12 @@ The schedules differ only in the order each stage takes its work (p = 4, m = 8):
     stage 3  .  .  .  F0 B0 F1 B1 F2 B2 F3 B3 ...
 
 Each micro-batch's loss is divided by m, so the gradients accumulated over the m backwards
-are those of the mean loss over the batch. `run(x, i)` is the stage forward of micro-batch
-i (on the last stage, the loss); `links` moves activations and gradients (p2p.py); `record`
-times each piece of work for the lab's timeline. picotron's pipeline_parallel.py is the
-model for the shape of this file.
+are those of the mean loss over the batch. `Schedule.forward` runs the stage on one
+micro-batch (on the last stage, the loss too), `Schedule.backward` backpropagates it, and
+`links` moves activations and gradients between neighbours (p2p.py); `record` times each
+piece of work for the lab's timeline. (In the pictures above a backward is drawn as long as
+a forward; `plscale viz pipeline` draws it twice as long, as it usually is.) picotron's
+pipeline_parallel.py is the model for the shape of this file.
 """
 
 import time

@@ -44,8 +44,9 @@ check: torch 2.13, deepspeed 0.19.8, 2 CPU ranks over gloo):
 Timing: "wall_clock_breakdown" crashes a non-last stage, so each instruction of
 PipelineEngine._INSTRUCTION_MAP is wrapped to record perf_counter before and after; the n-th
 instruction of a type in a batch is micro-batch n. ForwardPass -> "F" (the last stage's
-includes the loss), BackwardPass -> "B", Send*/Recv* -> "send"/"recv", OptimizerStep ->
-"step" (micro -1); loading data and the gradient all-reduces are not recorded.
+includes the loss), BackwardPass -> "B", Send*/Recv* -> "send"/"recv". Loading data, the
+gradient all-reduces and the optimizer step are not recorded, as in the other engines: a
+timeline spans the schedule's work only.
 """
 
 import time
@@ -62,7 +63,7 @@ from plscale.rank.models import llama_pieces
 warnings.filterwarnings("ignore", message=r"c10d::broadcast_: an autograd kernel was not registered")
 
 KINDS = {"ForwardPass": "F", "BackwardPass": "B", "SendActivation": "send", "SendGrad": "send",
-         "RecvActivation": "recv", "RecvGrad": "recv", "OptimizerStep": "step"}
+         "RecvActivation": "recv", "RecvGrad": "recv"}
 
 
 def layer_specs(c) -> list:
@@ -117,7 +118,7 @@ class DeepSpeedPipeline:
             def run(engine, **kwargs):
                 start = time.perf_counter()
                 out = fn(engine, **kwargs)
-                micro = self._calls[name] if name != "OptimizerStep" else -1
+                micro = self._calls[name]
                 self._calls[name] += 1
                 self.ops.append(Op(self.pp_rank, KINDS[name], micro, start, time.perf_counter(), engine.stage_id))
                 return out

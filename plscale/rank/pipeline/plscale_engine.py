@@ -12,7 +12,6 @@ and torch's AdamW steps with the DeepSpeed config's hyperparameters. The same in
 """
 
 import torch
-import torch.distributed as dist
 
 from plscale.errors import UserError
 from plscale.predict.pipeline import Op
@@ -20,7 +19,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama_pieces import build_pieces, loss_fn
 from plscale.rank.parallel.p2p import StageLinks
 from plscale.rank.parallel.pipeline import Schedule
-from plscale.rank.pipeline.stages import TiedGroups, optimizer, split, sync_grads
+from plscale.rank.pipeline.stages import TiedGroups, mean_loss, optimizer, split, sync_grads
 
 
 class PlscalePipeline:
@@ -61,14 +60,3 @@ class PlscalePipeline:
         self.optimizer.zero_grad(set_to_none=True)
         return mean_loss(losses, self.mesh, self.device)
 
-
-def mean_loss(losses: list, mesh: Mesh, device) -> float:
-    """The step's loss on every rank: the mean over micro-batches on each pipeline's last
-    stage, sent to its other stages, averaged over the replicas."""
-    pipeline = mesh.ranks("pp")
-    loss = torch.stack(losses).mean() if losses else torch.zeros((), device=device)
-    dist.broadcast(loss, src=pipeline[-1], group=mesh.group("pp"))
-    if mesh.size("dp") > 1:
-        dist.all_reduce(loss, group=mesh.group("dp"))
-        loss /= mesh.size("dp")
-    return loss.item()

@@ -6,6 +6,7 @@ optimizer, and the gradient sums a pipeline needs besides its schedule.
     ...  forward and backward by some schedule ...
     sync_grads(params, tied, mesh)           # sum the tied embedding/head, average over dp
     opt.step()
+    loss = mean_loss(losses, mesh, device)   # the step's loss, the same on every rank
 
 Pieces are those of `plscale.rank.models.llama_pieces` (embedding, layers, final norm, head).
 """
@@ -62,9 +63,11 @@ class TiedGroups:
 def sync_grads(stages, tied: TiedGroups, mesh: Mesh) -> None:
     """After the last backward of a step: sum the tied weight's gradient over the first and last
     stage (each holds a copy), then average every gradient over the data-parallel replicas."""
-    weights = {id(w): w for w in (tied_weight(s) for s in stages) if w is not None and w.grad is not None}
+    weights = {id(w): w for w in (tied_weight(s) for s in stages) if w is not None}
     if tied.group is not None:
-        for w in weights.values():
+        for w in weights.values():  # both sides call it, with zeros if a side made no gradient
+            if w.grad is None:
+                w.grad = torch.zeros_like(w)
             dist.all_reduce(w.grad, group=tied.group)
     if mesh.size("dp") > 1:
         for stage in stages:
@@ -72,3 +75,15 @@ def sync_grads(stages, tied: TiedGroups, mesh: Mesh) -> None:
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=mesh.group("dp"))
                     p.grad /= mesh.size("dp")
+
+
+def mean_loss(losses: list, mesh: Mesh, device) -> float:
+    """The step's loss on every rank: the mean over micro-batches on each pipeline's last
+    stage, sent to its other stages, averaged over the replicas."""
+    pipeline = mesh.ranks("pp")
+    loss = torch.stack([x.detach().float() for x in losses]).mean() if losses else torch.zeros((), device=device)
+    dist.broadcast(loss, src=pipeline[-1], group=mesh.group("pp"))
+    if mesh.size("dp") > 1:
+        dist.all_reduce(loss, group=mesh.group("dp"))
+        loss /= mesh.size("dp")
+    return loss.item()

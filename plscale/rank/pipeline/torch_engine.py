@@ -50,7 +50,6 @@ import dataclasses
 import time
 
 import torch
-import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from plscale.errors import UserError
@@ -58,7 +57,7 @@ from plscale.predict.pipeline import Op
 from plscale.rank.distributed import device_type
 from plscale.rank.mesh import Mesh
 from plscale.rank.models import llama_pieces
-from plscale.rank.pipeline.stages import TiedGroups, optimizer, split, sync_grads
+from plscale.rank.pipeline.stages import TiedGroups, mean_loss, optimizer, split, sync_grads
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -157,14 +156,4 @@ class TorchPipeline:
         sync_grads(self.modules, self.tied, self.mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self._mean_loss(losses)
-
-    def _mean_loss(self, losses) -> float:
-        """Mean over the micro-batches on the last stage, sent up the pipeline, averaged over dp."""
-        loss = torch.stack(losses).mean().float() if losses else torch.zeros((), device=self.device)
-        loss = loss.reshape(1).to(self.device)
-        dist.broadcast(loss, src=self.mesh.ranks("pp")[-1], group=self.mesh.group("pp"))
-        if self.mesh.size("dp") > 1:
-            dist.all_reduce(loss, group=self.mesh.group("dp"))
-            loss /= self.mesh.size("dp")
-        return loss.item()
+        return mean_loss(losses, self.mesh, self.device)
