@@ -160,3 +160,18 @@ def test_stage_activations_add_up_to_the_model():
     halves = memory.activation_bytes(setup, layers=4, head=False) + memory.activation_bytes(setup, layers=4, head=True)
     assert halves == memory.activation_bytes(setup)
     assert memory.activation_bytes(setup, layers=0, head=True) == memory.head_activation_bytes(setup)
+
+
+def test_engines_refuse_micro_batches_whose_shape_changes():
+    """Receivers allocate (micro, seq, hidden) before the data arrives: a new shape would hang,
+    fail on another rank or abort the process (measured), so every engine refuses it first."""
+    from plscale.errors import UserError
+    from plscale.rank.pipeline.stages import one_shape
+
+    pair = lambda b, s: (torch.zeros(b, s, dtype=torch.long), torch.zeros(b, s, dtype=torch.long))  # noqa: E731
+    assert one_shape([pair(2, 32)] * 4, None, "x") == (2, 32)
+    assert one_shape([pair(2, 32)] * 4, (2, 32), "x") == (2, 32)
+    with pytest.raises(UserError, match="different shapes"):
+        one_shape([pair(2, 32), pair(1, 32)], None, "x")
+    with pytest.raises(UserError, match=r"of \(2, 16\) after \(2, 32\): DeepSpeed keeps"):
+        one_shape([pair(2, 16)] * 4, (2, 32), "DeepSpeed")

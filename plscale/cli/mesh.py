@@ -8,8 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from plscale.cli.output import console
-from plscale.errors import UserError
+from plscale.cli.output import console, png_path
 from plscale.mesh import DIMS, ORDER, Layout
 
 SHOWN_GROUPS = 16   # groups listed per dimension before "... and N more"
@@ -21,13 +20,7 @@ def _png_path(png: Path | None, layout: Layout) -> Path:
     if png is None:
         extra = "".join(f"-{n}{getattr(layout, n)}" for n in ("cp", "ep") if getattr(layout, n) > 1)
         png = Path(f"mesh-{layout.world}-tp{layout.tp}-pp{layout.pp}{extra}.png")
-    if png.is_dir():
-        raise UserError(f"--png {png} is a folder: give a file in it, e.g. --png {png / 'mesh.png'}.")
-    if png.suffix.lower() != ".png":
-        raise UserError(f"--png {png} does not end in .png: e.g. --png {png.with_suffix('.png')}.")
-    if not png.parent.is_dir():
-        raise UserError(f"--png {png}: folder {png.parent} does not exist: create it or pick another path.")
-    return png
+    return png_path("--png", png)
 
 
 def _shown_dims(layout: Layout) -> list[str]:

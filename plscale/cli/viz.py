@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from plscale.cli.output import console
+from plscale.cli.output import console, png_path
 from plscale.errors import UserError, did_you_mean
 from plscale.predict import pipeline as pp
 
@@ -34,14 +34,7 @@ def _check(schedule: str, stages: int, micro: int, virtual: int) -> None:
 
 
 def _png_path(out: Path | None, schedule: str, stages: int, micro: int) -> Path:
-    out = Path(f"pipeline-{schedule}-p{stages}-m{micro}.png") if out is None else out
-    if out.is_dir():
-        raise UserError(f"--out {out} is a folder: give a file in it, e.g. --out {out / 'pipeline.png'}.")
-    if out.suffix.lower() != ".png":
-        raise UserError(f"--out {out} does not end in .png: e.g. --out {out.with_suffix('.png')}.")
-    if not out.parent.is_dir():
-        raise UserError(f"--out {out}: folder {out.parent} does not exist: create it or pick another path.")
-    return out
+    return png_path("--out", Path(f"pipeline-{schedule}-p{stages}-m{micro}.png") if out is None else out)
 
 
 def title(schedule: str, p: int, m: int, v: int, bubble: float) -> str:

@@ -59,6 +59,7 @@ from plscale.errors import UserError
 from plscale.predict.pipeline import Op
 from plscale.rank.mesh import Mesh
 from plscale.rank.models import llama_pieces
+from plscale.rank.pipeline.stages import one_shape
 
 warnings.filterwarnings("ignore", message=r"c10d::broadcast_: an autograd kernel was not registered")
 
@@ -140,14 +141,10 @@ class DeepSpeedPipeline:
         if len(micro_batches) != gas:
             raise UserError(f"{len(micro_batches)} micro-batches but gradient_accumulation_steps is {gas}: "
                             f"DeepSpeed's train_batch reads exactly {gas}; pass {gas} or call set_micro_batches first.")
-        shapes = {tuple(t.shape) for pair in micro_batches for t in pair}
-        if len(shapes) != 1 or next(iter(shapes))[0] != micro:
-            raise UserError(f"micro-batch shapes {sorted(shapes)} but DeepSpeed expects ({micro}, seq) for "
-                            f"every one (train_micro_batch_size_per_gpu, --set ds.micro_batch={micro}).")
-        shape = shapes.pop()
-        if self.shape not in (None, shape):
-            raise UserError(f"micro-batches of {shape} after {self.shape}: DeepSpeed keeps the first step's "
-                            f"activation shapes; keep ds.micro_batch and model.seq fixed for the run.")
+        shape = one_shape(micro_batches, self.shape, "DeepSpeed")
+        if shape[0] != micro:
+            raise UserError(f"Micro-batches of {shape} but DeepSpeed expects ({micro}, seq) "
+                            f"(train_micro_batch_size_per_gpu, --set ds.micro_batch={micro}).")
         self.shape = shape
 
     def step(self, micro_batches) -> float:

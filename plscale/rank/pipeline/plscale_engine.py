@@ -19,7 +19,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama_pieces import build_pieces, loss_fn
 from plscale.rank.parallel.p2p import StageLinks
 from plscale.rank.parallel.pipeline import Schedule
-from plscale.rank.pipeline.stages import TiedGroups, mean_loss, optimizer, split, sync_grads
+from plscale.rank.pipeline.stages import TiedGroups, mean_loss, one_shape, optimizer, split, sync_grads
 
 
 class PlscalePipeline:
@@ -43,11 +43,7 @@ class PlscalePipeline:
         """Nothing to do: the schedules take as many micro-batches as step() is given."""
 
     def step(self, micro_batches) -> float:
-        shapes = {tuple(tokens.shape) for tokens, _ in micro_batches}
-        if len(shapes) != 1 or (self.shape and shapes != {self.shape}):
-            raise UserError(f"Micro-batches of shapes {sorted(shapes)} (first step: {self.shape}): a pipeline "
-                            f"sends tensors of one shape; use equal micro-batches (drop the last, short one).")
-        self.shape = shapes.pop()
+        self.shape = one_shape(micro_batches, self.shape, "plscale's engine")
         batch = [(t.to(self.device), y.to(self.device)) for t, y in micro_batches]
         micro, seq = self.shape
         links = StageLinks(self.mesh.ranks("pp"), self.mesh.rank, self.mesh.group("pp"),

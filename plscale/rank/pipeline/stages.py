@@ -14,6 +14,8 @@ Pieces are those of `plscale.rank.models.llama_pieces` (embedding, layers, final
 import torch
 import torch.distributed as dist
 
+from plscale.errors import UserError
+
 from plscale.predict.presets import ModelConfig
 from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama_pieces import tied_weight
@@ -27,6 +29,21 @@ def split(c: ModelConfig, stages: int) -> list[tuple[int, int]]:
     per = c.layers // stages
     cuts = [0] + [1 + s * per for s in range(1, stages)] + [c.layers + 3]
     return list(zip(cuts[:-1], cuts[1:]))
+
+
+def one_shape(micro_batches, first: tuple | None, engine: str) -> tuple:
+    """The (micro, seq) shape every micro-batch of a step has. A pipeline sends tensors of one
+    shape, allocated before they arrive, and an engine keeps the first step's: a change hangs,
+    fails far away or aborts the process, so it is refused here in one line."""
+    shapes = {tuple(t.shape) for pair in micro_batches for t in pair}
+    if len(shapes) != 1:
+        raise UserError(f"Micro-batches of different shapes {sorted(shapes)}: give every micro-batch the same "
+                        f"(micro, seq); drop a last, short one.")
+    shape = shapes.pop()
+    if first not in (None, shape):
+        raise UserError(f"Micro-batches of {shape} after {first}: {engine} keeps the first step's activation "
+                        f"shapes; keep ds.micro_batch and model.seq fixed for the run.")
+    return shape
 
 
 def optimizer(params, ds_config: dict) -> torch.optim.Optimizer:

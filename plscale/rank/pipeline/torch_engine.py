@@ -57,7 +57,7 @@ from plscale.predict.pipeline import Op
 from plscale.rank.distributed import device_type
 from plscale.rank.mesh import Mesh
 from plscale.rank.models import llama_pieces
-from plscale.rank.pipeline.stages import TiedGroups, mean_loss, optimizer, split, sync_grads
+from plscale.rank.pipeline.stages import TiedGroups, mean_loss, one_shape, optimizer, split, sync_grads
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -122,14 +122,7 @@ class TorchPipeline:
         self.m, self.schedule = m, None
 
     def _check(self, micro_batches) -> None:
-        shapes = {tuple(t.shape) for pair in micro_batches for t in pair}
-        if len(shapes) != 1:
-            raise UserError(f"micro-batches of different shapes {sorted(shapes)}: give every "
-                            f"micro-batch the same (micro, seq).")
-        shape = shapes.pop()
-        if self.shape not in (None, shape):
-            raise UserError(f"micro-batches of {shape} after {self.shape}: torch's stages keep the first "
-                            f"step's shapes; keep ds.micro_batch and model.seq fixed.")
+        shape = one_shape(micro_batches, self.shape, "torch's PipelineStage")
         if self.m is None:
             self.set_micro_batches(len(micro_batches))
         if len(micro_batches) != self.m:
