@@ -48,3 +48,41 @@ def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def interval_chart(rows, mtbf_s: float, path: Path, title: str = "checkpoint interval against time lost",
+                   restart_s: float = 0.0) -> None:
+    """Waste (%) against the checkpoint interval in steps (log, 1..10000), one curve per
+    strategy; rows: (name, stall_s, step_time_s). Each curve's Young optimum, sqrt(2δM), is
+    marked and labelled. The model: plscale/predict/checkpoint.py."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from plscale.predict.checkpoint import waste_fraction, young_interval
+
+    steps = [10 ** (i / 50) for i in range(201)]                      # 1 .. 10000, log-spaced
+    fig, ax = plt.subplots(figsize=(7, 4))
+    optima = []
+    for i, (name, stall_s, step_s) in enumerate(rows):
+        waste = [100 * waste_fraction(k * step_s, stall_s, mtbf_s, restart_s) for k in steps]
+        (line,) = ax.plot(steps, waste, label=f"{name} (stall {stall_s:.3g} s, step {step_s:.3g} s)", linewidth=1.5)
+        best = young_interval(stall_s, mtbf_s) / step_s
+        best_waste = 100 * waste_fraction(best * step_s, stall_s, mtbf_s, restart_s)
+        optima.append(best_waste)
+        ax.plot([best], [best_waste], "o", color=line.get_color())
+        right = best > 300                                            # keep the label inside the axes
+        ax.annotate(f"every {best:,.0f} steps: {best_waste:.2f} %", (best, best_waste), textcoords="offset points",
+                    xytext=(-6 if right else 6, 10 + 11 * i), ha="right" if right else "left", fontsize=8,
+                    color=line.get_color(), arrowprops={"arrowstyle": "-", "color": line.get_color(), "lw": 0.5})
+    ax.set_xscale("log")
+    ax.set_xlim(1, 10_000)
+    ax.set_ylim(0, min(100.0, 4 * max(optima, default=25.0)))
+    ax.set_title(f"{title} (MTBF {mtbf_s / 3600:g} h)")
+    ax.set_xlabel("checkpoint every k steps")
+    ax.set_ylabel("time lost (%)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -223,3 +223,58 @@ def test_cli_json_is_the_model_term_by_term():
     assert got["terms"]["activations"]["device"] > 0
     assert got["totals"]["model_states"] == pytest.approx(4 * psi + 20 * psi / 4)
     assert got["totals"]["host"] == pytest.approx(20 * psi / 4)
+
+
+# ---- `plscale estimate checkpoint` ------------------------------------------------------------
+
+def _young_line(stdout: str) -> tuple[float, float, float, float, float]:
+    """(seconds, steps, waste %, steps lost on average, at worst) from the Young line."""
+    m = re.search(r"Young sqrt\(2δM\)\s+every ([\d,.]+) s .*?= ([\d,]+) steps: waste ([\d.]+) %, steps lost "
+                  r"on a crash ([\d,]+) on average, ([\d,]+) at worst", stdout)
+    assert m, stdout
+    return tuple(float(g.replace(",", "")) for g in m.groups())
+
+
+def test_cli_checkpoint_young_interval_by_hand():
+    out = run_cli("estimate", "checkpoint", "--model", "tiny", "--stage", "2", "--ranks", "2", "--precision", "fp32",
+                  "--stall-s", "30", "--mtbf-hours", "24", "--step-s", "2", "--lag-steps", "10")
+    assert out.returncode == 0, out.stderr
+    # sqrt(2 * 30 s * 86400 s) = 2277 s = 1138 steps of 2 s; waste 30/2277 + 2307/172800 = 2.65 %
+    seconds, steps, waste, lost, worst = _young_line(out.stdout)
+    assert (seconds, steps, waste) == (2277, 1138, 2.65)
+    assert (lost, worst) == (round(1138.42 / 2 + 10), round(1138.42 + 10))
+    assert re.search(r"Daly\s+every 2,257 s", out.stdout)
+    # the files of tiny, ZeRO-2, fp32, 2 ranks: 4Ψ weights (2.76 MB) and 12Ψ/2 per rank (4.14 MB)
+    for text in ("mp_rank_00_model_states.pt", "zero_pp_rank_r_mp_rank_00_optim_states.pt", "2.76 MB", "4.14 MB",
+                 "6.9 MB", "11 MB", "(measured)"):
+        assert text in out.stdout, text
+
+
+def test_cli_checkpoint_stall_from_bytes_and_bandwidth(tmp_path):
+    """No --stall-s: δ = bytes rank 0 writes / --write-gbps. 7b, ZeRO-3 bf16, 8 ranks: 12Ψ/8 = 10.1 GB."""
+    png = tmp_path / "interval.png"
+    out = run_cli("estimate", "checkpoint", "--model", "7b", "--stage", "3", "--ranks", "8", "--write-gbps", "2",
+                  "--png", png)
+    assert out.returncode == 0, out.stderr
+    stall = 12 * param_count(PRESETS["7b"]) / 8 / 2e9
+    assert f"δ = {stall:.3g} s" in out.stdout and "10.1 GB / 2 GB/s" in out.stdout
+    seconds, *_ = _young_line(out.stdout)
+    assert seconds == pytest.approx((2 * stall * 86_400) ** 0.5, abs=1)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mtbf-hours", "0"], "--mtbf-hours 0: it must be positive"),
+    (["--step-s", "-1"], "--step-s -1: it must be positive"),
+    (["--write-gbps", "0"], "--write-gbps 0"),
+    (["--stall-s", "-5"], "--stall-s -5"),
+    (["--precision", "fp8"], "--precision 'fp8'"),
+    (["--stage", "4"], "ZeRO stage 4 does not exist"),
+    (["--ranks", "0"], "--ranks 0"),
+    (["--lag-steps", "-1"], "cannot be negative"),
+    (["--model", "twelve"], "neither a model preset"),
+])
+def test_cli_checkpoint_bad_input_is_one_line_exit_2(args, message):
+    out = run_cli("estimate", "checkpoint", *args)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
