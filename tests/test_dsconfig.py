@@ -139,3 +139,19 @@ def test_diff_explains_each_changed_key():
     assert "zero_optimization.stage" in keys and "all-gather" in keys["zero_optimization.stage"]
     assert "Parameters live in CPU memory" in keys["zero_optimization.offload_param.device"]
     assert diff(build(DSSpec()), build(DSSpec())) == []
+
+
+def test_load_universal_reaches_deepspeed():
+    from unittest import mock
+
+    assert "checkpoint" not in build(DSSpec(stage=2))
+    config = build(DSSpec(stage=2, micro_batch=2, world_size=2, load_universal=True))
+    assert config["checkpoint"] == {"load_universal": True}
+    assert check(config, 2) == []  # also tells DeepSpeed it runs on the CPU when there is no GPU
+    from deepspeed.runtime import config as ds_config
+
+    with mock.patch.object(ds_config.dist, "get_rank", lambda *a, **k: 0), \
+         mock.patch.object(ds_config.dist, "get_world_size", lambda *a, **k: 2):
+        assert ds_config.DeepSpeedConfig(dict(config)).load_universal_checkpoint is True
+        assert ds_config.DeepSpeedConfig(build(DSSpec(stage=2, micro_batch=2, world_size=2))) \
+            .load_universal_checkpoint is False

@@ -5,7 +5,7 @@ import sys
 import typer
 
 from plscale import __version__
-from plscale.cli import bench, config, doctor, estimate, lab, mesh, viz
+from plscale.cli import bench, ckpt, config, doctor, estimate, lab, mesh, viz
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -16,6 +16,7 @@ app.add_typer(config.app, name="config")
 app.add_typer(estimate.app, name="estimate")
 app.add_typer(bench.app, name="bench")
 app.add_typer(viz.app, name="viz")
+app.add_typer(ckpt.app, name="ckpt")
 app.command("doctor")(doctor.doctor)
 app.command("report")(lab.report)
 app.command("mesh")(mesh.mesh)

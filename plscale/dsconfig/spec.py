@@ -42,6 +42,7 @@ class DSSpec:
     flops_profiler: bool = False
     pipe_activation_interval: int = 0    # pipeline: activation checkpoint every k layers
     steps_per_print: int = 1_000_000     # keep DeepSpeed's own step log quiet; plscale prints
+    load_universal: bool = False         # load_checkpoint reads a universal checkpoint (plscale ckpt convert)
 
     @classmethod
     def from_dict(cls, values: dict) -> "DSSpec":
@@ -110,6 +111,8 @@ def build(spec: DSSpec) -> dict:
     if spec.flops_profiler:
         config["flops_profiler"] = {"enabled": True, "profile_step": 2, "module_depth": -1,
                                     "top_modules": 1, "detailed": False}
+    if spec.load_universal:  # any world size and ZeRO stage 1-3; tag=None reads `latest_universal`
+        config["checkpoint"] = {"load_universal": True}
     config["steps_per_print"] = spec.steps_per_print
     config["wall_clock_breakdown"] = False
     return config
