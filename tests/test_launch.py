@@ -1,14 +1,22 @@
 """The launch plan: argv and environment for each launcher, device and topology."""
 
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import ROOT, load_summary, only_run
 from plscale.run import labs
 from plscale.errors import UserError
 from plscale.run.launch import Options, plan
 
 RUN = Path("/tmp/run-x")
+FIXTURE_LABS = ROOT / "tests" / "fixtures" / "labs"
 
 
 def planned(*args, **kwargs):
@@ -117,3 +125,81 @@ def test_variant_launcher_is_the_default_and_enforced(mnist):
 def test_data_dir_is_passed_absolute(mnist, tmp_path):
     p = planned(*mnist, Options(data_dir=str(tmp_path)), gpus_present=[])
     assert p.env["PLSCALE_DATA_DIR"] == str(tmp_path.resolve())
+
+
+def test_torchrun_max_restarts(mnist):
+    p = planned(*mnist, Options(gpus=2, launcher="torchrun", max_restarts=2), gpus_present=[])
+    argv = p.argv
+    assert p.max_restarts == 2 and argv[argv.index("--max-restarts") + 1] == "2"
+    assert argv.index("--max-restarts") < argv.index(str(mnist[0].entry_path))  # torchrun's flag, not the lab's
+    assert "restarts every rank up to 2" in p.notice
+    assert "--max-restarts" not in planned(*mnist, Options(gpus=2, launcher="torchrun"), gpus_present=[]).argv
+
+
+def test_variant_restarts_are_the_default(mnist):
+    lab, variant = mnist
+    variant.launcher, variant.restarts = "torchrun", 1
+    assert planned(lab, variant, Options(), gpus_present=[]).max_restarts == 1
+    p = planned(lab, variant, Options(max_restarts=0), gpus_present=[])  # the option wins, 0 included
+    assert p.max_restarts == 0 and "--max-restarts" not in p.argv
+
+
+@pytest.mark.parametrize("opts, match", [
+    (Options(launcher="torchrun", max_restarts=-1), "--max-restarts -1: use 0"),
+    (Options(max_restarts=1), "--max-restarts 1: the deepspeed launcher does not restart failed ranks; "
+                              "use --launcher torchrun."),
+    (Options(launcher="accelerate", max_restarts=1), "the accelerate launcher does not restart"),
+])
+def test_bad_max_restarts(mnist, opts, match):
+    with pytest.raises(UserError, match=re.escape(match)):
+        planned(*mnist, opts, gpus_present=[])
+
+
+def test_variant_restarts_need_torchrun(mnist):
+    lab, variant = mnist
+    variant.restarts = 1
+    with pytest.raises(UserError, match=r"Variant 'default' \(restarts: 1\).*use --launcher torchrun, or --max-restarts 0"):
+        planned(lab, variant, Options(), gpus_present=[])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-restarts", "1"], "--max-restarts 1: the deepspeed launcher does not restart failed ranks; "
+                              "use --launcher torchrun."),
+    (["--launcher", "torchrun", "--max-restarts", "-2"], "--max-restarts -2: use 0 (no restart) or more."),
+])
+def test_bad_max_restarts_exit_2(cli, args, message):
+    result = cli("lab", "run", "mnist", "--cpu", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
+
+
+def test_dry_run_shows_the_variant_restarts(cli):
+    result = cli("lab", "run", "restart", "--cpu", "--dry-run", env={"PLSCALE_LABS_DIR": str(FIXTURE_LABS)})
+    assert result.returncode == 0, result.stderr
+    assert "torchrun" in result.stdout and "--max-restarts 1" in result.stdout
+
+
+@pytest.mark.e2e
+def test_torchrun_restarts_the_group_after_a_rank_dies(tmp_path):
+    """Attempt 0: rank 1 exits hard; torchrun restarts both ranks; attempt 1 forms a new gloo
+    group (a fresh store prefix per attempt, see distributed.init) and completes an all_reduce.
+    Over the dead attempt's store keys it would fail or hang in connectFullMesh: on a hang,
+    Ctrl-C stops every rank (plscale's runner does) and the test fails."""
+    env = {**os.environ, "PLSCALE_LABS_DIR": str(FIXTURE_LABS), "PLSCALE_RUNS_DIR": str(tmp_path / "runs"),
+           "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "lab", "run", "restart", "--cpu"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        pytest.fail("the restarted ranks hung (gloo's rendezvous over the dead attempt's keys?)\n" + out[-3000:])
+    run = only_run(tmp_path / "runs")
+    assert proc.returncode == 0, out[-3000:] + (run / "launcher.log").read_text()[-3000:]
+    summary = load_summary(run)
+    assert summary["passed"] and summary["restart_count"] == 1
+    attempts = [json.loads(line)["attempt"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert attempts == [0, 1]  # metrics.jsonl is appended to: both attempts are there

@@ -71,6 +71,8 @@ def run_lab(
     sets: list[str] = typer.Option([], "--set", help="Override a setting: key=value (repeatable)."),
     ds_config: str = typer.Option(None, "--ds-config", help="Use this DeepSpeed JSON instead of the generated one."),
     data_dir: str = typer.Option(None, "--data-dir", help="Local dataset files (else PLSCALE_DATA_DIR, hub, fallback)."),
+    max_restarts: int = typer.Option(None, "--max-restarts",
+                                     help="torchrun only: restart every rank up to N times after one fails."),
     sweep: bool = typer.Option(False, "--sweep", help="Run the lab's sweep variants in turn, then its report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
 ) -> None:
@@ -83,7 +85,7 @@ def run_lab(
         raise UserError(f"--data-dir {data_dir} is not a folder: point it at the dataset's files.")
     datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
-                   list(sets), ds_config, data_dir)
+                   list(sets), ds_config, data_dir, max_restarts)
     if not sweep:
         prepared = prepare(lab, chosen, opts)
         if dry_run:

@@ -34,6 +34,38 @@ def device_type() -> str:
     return "cuda" if cuda else "cpu"
 
 
+def restart_count() -> int:
+    """How many times torchrun has restarted the worker group before this attempt (0 when
+    not under torchrun, or on the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
+
+
+def _init_elastic(backend: str, cuda: bool) -> None:
+    """Under torchrun, the default process group over fresh store keys for each attempt.
+
+    torchrun's agent hosts one TCPStore at MASTER_ADDR:MASTER_PORT and keeps it across
+    `--max-restarts` restarts: a restarted group reads the dead attempt's keys (gloo's peer
+    addresses) and fails or hangs in connectFullMesh. A PrefixStore named after
+    TORCHELASTIC_RESTART_COUNT gives each attempt its own keys; deepspeed.init_distributed
+    then adopts the group. The store is made as torch's env:// rendezvous makes it.
+    """
+    from deepspeed.constants import default_pg_timeout  # deepspeed's timeout, as it would use
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):  # the agent hosts the store
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=default_pg_timeout)
+    else:
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=default_pg_timeout,
+                              multi_tenant=True)
+    store = dist.PrefixStore(f"plscale_attempt_{restart_count()}", store)
+    kwargs = {}
+    if cuda and world_size > 1:  # as DeepSpeed binds the device for NCCL
+        kwargs["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=default_pg_timeout, **kwargs)
+
+
 def init() -> Dist:
     cuda = device_type() == "cuda"
     if not cuda:
@@ -46,6 +78,8 @@ def init() -> Dist:
     backend = "nccl" if cuda else "gloo"
     if not cuda:
         _skip_shm_build()
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ and not dist.is_initialized():
+        _init_elastic(backend, cuda)
     deepspeed.init_distributed(dist_backend=backend)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:

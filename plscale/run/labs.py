@@ -27,6 +27,7 @@ class Variant:
     about: str = ""
     launcher: str | None = None  # a variant may require a launcher (e.g. torchrun for DDP)
     ranks: int | None = None     # a variant may need another rank count than the lab's default
+    restarts: int | None = None  # a variant may need elastic restarts (e.g. one that kills a rank)
 
 
 @dataclass
@@ -90,7 +91,8 @@ def load_lab(folder: Path) -> Lab:
     for name, spec in (raw.get("variants") or {}).items():
         spec = spec or {}
         variants[name] = Variant(name, spec.get("overrides") or {}, spec.get("aliases") or [],
-                                 spec.get("about", ""), spec.get("launcher"), spec.get("ranks"))
+                                 spec.get("about", ""), spec.get("launcher"), spec.get("ranks"),
+                                 spec.get("restarts"))
     ranks = raw["ranks"]
     return Lab(
         id=raw["id"], number=int(folder.name.split("_")[0]), folder=folder, title=raw["title"],

@@ -33,6 +33,7 @@ class Options:
     sets: list = field(default_factory=list)
     ds_config: str | None = None
     data_dir: str | None = None
+    max_restarts: int | None = None  # torchrun restarts of the whole group; None = the variant's, else 0
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Plan:
     env: dict            # the variables plscale sets, on top of the caller's environment
     notice: str          # one line that says how the ranks run
     run_dir: Path | None = None
+    max_restarts: int = 0    # torchrun restarts the whole group this many times after a failure
 
     def at(self, run_dir: Path) -> "Plan":
         """This plan, bound to its run directory and a port."""
@@ -85,6 +87,7 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
         raise UserError(f"Lab {lab.id} runs with {', '.join(map(str, lab.allowed_ranks))} ranks, "
                         f"not {ranks}: pick one of those with --gpus.")
     _check_nodes(opts, launcher)
+    restarts = _max_restarts(opts, variant, launcher)
     port = opts.master_port
     if port is not None and not 1 <= port <= 65535:
         raise UserError(f"--master-port {port}: use a port from 1 to 65535 (29500 is the usual one).")
@@ -113,10 +116,26 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
     if not hub_reachable():
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
+    if restarts:
+        notice += f" torchrun restarts every rank up to {restarts} time(s) if one fails."
     if opts.nodes > 1 and port is None:
         port = 29500  # every node must agree on it
     return Plan(lab.entry_path, launcher, ranks, opts.nodes, opts.node_rank, ranks * opts.nodes, device,
-                opts.master_addr, port, opts.hostfile, env, notice)
+                opts.master_addr, port, opts.hostfile, env, notice, max_restarts=restarts)
+
+
+def _max_restarts(opts: Options, variant: Variant, launcher: str) -> int:
+    """--max-restarts, else the variant's `restarts`, else 0; only torchrun restarts ranks."""
+    if opts.max_restarts is not None:
+        restarts, source = opts.max_restarts, f"--max-restarts {opts.max_restarts}"
+    else:
+        restarts, source = int(variant.restarts or 0), f"Variant {variant.name!r} (restarts: {variant.restarts})"
+    if restarts < 0:
+        raise UserError(f"{source}: use 0 (no restart) or more.")
+    if restarts and launcher != "torchrun":
+        raise UserError(f"{source}: the {launcher} launcher does not restart failed ranks; use --launcher torchrun"
+                        f"{'' if opts.max_restarts is not None else ', or --max-restarts 0'}.")
+    return restarts
 
 
 def _check_nodes(opts: Options, launcher: str) -> None:

@@ -31,9 +31,12 @@ def deepspeed(plan) -> list:
 
 
 def torchrun(plan) -> list:
-    return [bin_path("torchrun"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(plan.ranks),
+    """With --max-restarts N, torchrun stops every rank when one fails and starts the group
+    again, up to N times (the ranks see TORCHELASTIC_RESTART_COUNT)."""
+    argv = [bin_path("torchrun"), "--nnodes", str(plan.nodes), "--nproc_per_node", str(plan.ranks),
             "--node_rank", str(plan.node_rank or 0), "--master_addr", plan.master_addr,
             "--master_port", str(plan.master_port)]
+    return argv + (["--max-restarts", str(plan.max_restarts)] if plan.max_restarts else [])
 
 
 def accelerate(plan) -> list:
