@@ -1,5 +1,6 @@
 """One log per rank: rank 0 writes to the console and rank_0.log, the others only to their
-log (so the console stays readable). A crash leaves rank_N.error for the launcher."""
+log (so the console stays readable). A crash leaves rank_N.error for the launcher; a
+restarted attempt renames the earlier one attemptK_rank_N.error."""
 
 import logging
 import os
@@ -29,6 +30,10 @@ class _Tee:
 
 
 def setup(run_dir: Path, rank: int) -> None:
+    stale = run_dir / f"rank_{rank}.error"
+    if stale.exists():  # an earlier attempt's (torchrun --max-restarts): kept, under another name
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 1) or 1) - 1
+        stale.replace(run_dir / f"attempt{attempt}_rank_{rank}.error")
     log = open(run_dir / f"rank_{rank}.log", "a", buffering=1)
     if rank == 0:
         sys.stdout = _Tee(sys.__stdout__, log)
