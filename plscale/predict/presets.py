@@ -29,6 +29,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
+    dropout: float = 0.0  # on each residual branch in training (GPT-2 style); Llama uses none
 
     @property
     def head_dim(self) -> int:

@@ -3,7 +3,8 @@
 Built from a `plscale.predict.presets.ModelConfig`. Module names follow Hugging Face's
 LlamaForCausalLM (embed_tokens, layers.N.self_attn.q_proj ... mlp.down_proj, norm, lm_head)
 so DeepSpeed AutoTP recognises which projections to split by column and which by row.
-The output head shares the embedding's weight when `config.tie_embeddings`.
+The output head shares the embedding's weight when `config.tie_embeddings`; with
+`config.dropout` > 0 each residual branch is dropped out in training (draws from torch's RNG).
 
     model = Llama(preset("small"))
     loss = model(tokens, targets)          # (batch, seq) int64 -> mean cross-entropy
@@ -84,10 +85,11 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c.hidden, c.norm_eps)
         self.mlp = MLP(c)
+        self.dropout = c.dropout
 
     def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + F.dropout(self.self_attn(self.input_layernorm(x), cos, sin), self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), self.dropout, self.training)
 
 
 class Llama(nn.Module):

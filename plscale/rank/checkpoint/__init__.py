@@ -1,0 +1,1 @@
+"""Checkpoint strategies inside the ranks: basic, incremental, asynchronous, multi-level."""

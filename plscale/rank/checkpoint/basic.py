@@ -1,0 +1,35 @@
+"""Basic checkpointing: stop, write everything, go on.
+
+Every `every` steps each rank writes its full DeepSpeed state to durable storage and
+training waits until it is sealed. Stall = time to durable = the whole write. A crash
+loses the steps since the last checkpoint: `every` at worst, `every / 2` on average.
+"""
+
+from pathlib import Path
+
+from plscale.ckpt import store
+from plscale.rank.checkpoint import full
+
+
+class Basic:
+    name = "basic"
+
+    def __init__(self, engine, root: Path, every: int, meta: dict, keep: int = 2):
+        self.engine, self.root, self.every, self.meta, self.keep = engine, Path(root), every, meta, keep
+        self.records: list[full.Saved] = []
+
+    @property
+    def roots(self) -> list[Path]:
+        return [self.root]
+
+    def after_step(self, step: int) -> full.Saved | None:
+        if step % self.every:
+            return None
+        last = self.records[-1].bytes if self.records else 0
+        saved = full.save(self.engine, self.root, step, {**self.meta, "strategy": self.name}, need_bytes=last)
+        self.records.append(saved)
+        full.on_main(store.prune, self.root, self.keep)
+        return saved
+
+    def finish(self) -> list[full.Saved]:
+        return self.records

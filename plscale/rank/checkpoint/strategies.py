@@ -1,0 +1,35 @@
+"""The four strategies by name, built from the lab's `ckpt` settings.
+
+Each has the same shape: `after_step(step)` (may checkpoint; returns its cost record),
+`roots` (where restore looks, freshest tier first) and `finish()` (waits for writes in
+flight; returns every record).
+"""
+
+import os
+from pathlib import Path
+
+from plscale.rank.checkpoint.asynchronous import Async
+from plscale.rank.checkpoint.basic import Basic
+from plscale.rank.checkpoint.incremental import Incremental
+from plscale.rank.checkpoint.multilevel import MultiLevel
+
+
+def node_local(run_dir: Path) -> Path:
+    """Memory-backed storage on this node (/dev/shm) when there is some, else the run dir."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"plscale-{Path(run_dir).resolve().name}"
+    return Path(run_dir) / "local"
+
+
+def make(engine, ckpt: dict, root: Path, local: Path, meta: dict):
+    name, every, keep = ckpt["strategy"], ckpt["every"], ckpt["keep"]
+    if name == "basic":
+        return Basic(engine, root, every, meta, keep)
+    if name == "incremental":
+        return Incremental(engine, root, local / "scratch", every, ckpt["full_every"], meta, keep)
+    if name == "async":
+        return Async(engine, root, local / "scratch", every, meta, keep)
+    if name == "multilevel":
+        return MultiLevel(engine, root, local / "fast", every, ckpt["durable_every"], meta, keep)
+    raise ValueError(f"unknown checkpoint strategy {name!r}")
