@@ -1,0 +1,67 @@
+"""Host-side checks of the checkpointing lab's settings (no torch): fail in one line before launch."""
+
+from pathlib import Path
+
+from plscale.ckpt import STRATEGIES, store
+from plscale.errors import UserError, did_you_mean
+from plscale.predict.presets import preset
+
+
+def check(settings: dict, topology) -> None:
+    config = preset(settings["model"]["preset"])
+    steps, C, F = settings["train"]["steps"], settings["ckpt"], settings["fault"]
+    if not 8 <= settings["model"]["seq"] <= config.max_seq:
+        raise UserError(f"model.seq {settings['model']['seq']}: use 8 to {config.max_seq}.")
+    if not 0 <= settings["model"]["dropout"] < 1:
+        raise UserError(f"model.dropout {settings['model']['dropout']}: use 0 (none) to below 1, e.g. 0.1.")
+    if steps < 1:
+        raise UserError(f"train.steps {steps}: use 1 or more.")
+    if C["strategy"] not in STRATEGIES:
+        raise UserError(f"Unknown ckpt.strategy {C['strategy']!r}: use one of {', '.join(STRATEGIES)}."
+                        f"{did_you_mean(C['strategy'], STRATEGIES)}")
+    for key in ("every", "full_every", "durable_every", "keep"):
+        if not isinstance(C[key], int) or C[key] < 1:
+            raise UserError(f"ckpt.{key} {C[key]!r}: use a whole number of 1 or more.")
+    for key in ("full_every", "durable_every"):
+        if C[key] % C["every"]:
+            raise UserError(f"ckpt.{key} {C[key]} is not a multiple of ckpt.every {C['every']}: "
+                            f"use {C['every'] * max(1, round(C[key] / C['every']))}.")
+    if C["mtbf_hours"] <= 0:
+        raise UserError(f"ckpt.mtbf_hours {C['mtbf_hours']}: give the mean time between failures, e.g. 24.")
+    if F["step"] >= steps:
+        raise UserError(f"fault.step {F['step']} is beyond the run's {steps} steps (0 to {steps - 1}): "
+                        f"pick a step inside the run, or -1 for no fault.")
+    if F["step"] >= 0 and not 0 <= F["rank"] < topology.world_size:
+        raise UserError(f"fault.rank {F['rank']}: this run has ranks 0 to {topology.world_size - 1}.")
+    store.check_writable(Path(C["dir"])) if C["dir"] else None
+    if C["resume"]:
+        _check_resume(Path(C["resume"]), config, settings, topology.world_size)
+
+
+def _check_resume(root: Path, config, settings: dict, world: int) -> None:
+    """The checkpoint to resume from must be of this model; another stage or world size only
+    through a universal checkpoint."""
+    entries = [e for e in store.open_root(root) if e.manifest]
+    if not entries:
+        raise UserError(f"{root} holds no checkpoint with a manifest: list it with `plscale ckpt ls {root}`.")
+    m = entries[0].manifest
+    model = m.get("model", {})
+    if (model.get("hidden"), model.get("layers")) != (config.hidden, config.layers):
+        raise UserError(f"{root} holds a checkpoint of another model (hidden {model.get('hidden')}, "
+                        f"{model.get('layers')} layers; this run: preset {settings['model']['preset']!r}, hidden "
+                        f"{config.hidden}, {config.layers} layers): resume with the model it was saved from.")
+    universal = settings["ds"].get("load_universal", False)
+    if m.get("kind") == "universal" and not universal:
+        raise UserError(f"{root} is a universal checkpoint: add --set ds.load_universal=true.")
+    if m.get("kind") != "universal":
+        if universal:
+            raise UserError(f"{root} is not a universal checkpoint: convert it first with "
+                            f"`plscale ckpt convert {root} --to universal`, or drop ds.load_universal.")
+        if m.get("stage") != settings["ds"]["stage"]:
+            raise UserError(f"{root} was saved at ZeRO-{m.get('stage')}, this run is ZeRO-{settings['ds']['stage']}: "
+                            f"use --set ds.stage={m.get('stage')}, or convert it with "
+                            f"`plscale ckpt convert {root} --to universal` and add --set ds.load_universal=true.")
+        if m.get("world_size") != world:
+            raise UserError(f"{root} was saved by {m.get('world_size')} ranks, this run has {world}: convert it with "
+                            f"`plscale ckpt convert {root} --to universal`, then resume from the converted folder "
+                            f"with --set ds.load_universal=true.")

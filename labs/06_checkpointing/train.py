@@ -1,0 +1,166 @@
+"""Lab 06: checkpoints and fault tolerance, measured; kill a rank and resume bit-exactly.
+
+The ZeRO lab's Llama-shaped model trains on WikiText-2 with DeepSpeed (dropout on, so
+every random stream matters) and checkpoints with one of four strategies. Each
+checkpoint's cost is measured: how long training stalls, how long until it is durable,
+how many bytes it writes. Every checkpoint is sealed with a manifest of checksums and
+`latest` moves last, so a crash never leaves half a checkpoint to load. A restarted run
+loads the newest checkpoint every rank finds whole, with model, optimizer, scheduler,
+data position and every RNG, and trains on exactly as if nothing had happened.
+
+    plscale lab run ckpt --gpus 2                 (basic; incremental, async, multilevel)
+    plscale lab run ckpt-fault                    (rank 1 dies at step 17; torchrun restarts the group)
+    plscale lab run ckpt --sweep                  (the four strategies, their table and the interval plot)
+    plscale ckpt ls runs/<run>/checkpoints        (what was written; verify, convert)
+    torchrun --nproc_per_node 2 labs/06_checkpointing/train.py --variant async
+"""
+
+import json
+import math
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from plscale.ckpt import store
+from plscale.plots import interval_chart
+from plscale.predict import checkpoint as predict
+from plscale.predict.presets import preset
+from plscale.rank import distributed, fault, runtime
+from plscale.rank.checkpoint import full, strategies
+from plscale.rank.data import wikitext
+from plscale.rank.metrics import figure
+from plscale.rank.models.llama import Llama
+
+MiB = 2**20
+
+ctx = runtime.start(__file__)
+S, ds, N = ctx.settings, ctx.ds_config, ctx.world_size
+C, steps, seq = S["ckpt"], S["train"]["steps"], S["model"]["seq"]
+micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+stage = ds["zero_optimization"]["stage"]
+attempt = distributed.restart_count()
+
+# ---- Data and model, as in the ZeRO lab; the batch of step t depends on (seed, t) only -----
+corpus = wikitext.load_text()
+tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
+shards = wikitext.Shards(wikitext.pack(tokens.train, seq), micro, accum, ctx.rank, N, S["seed"])
+config = replace(preset(S["model"]["preset"]).with_vocab(tokens.vocab), dropout=S["model"]["dropout"])
+torch.manual_seed(S["seed"])
+model = Llama(config)
+psi = sum(p.numel() for p in model.parameters())
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+ctx.log(f"data: {corpus.source}; model: Llama-shaped '{S['model']['preset']}', Ψ = {psi:,}, dropout "
+        f"{config.dropout}; ZeRO-{stage} on {N} ranks")
+
+# ---- Where checkpoints go, and what a checkpoint must match to be resumed here ------------
+root = Path(C["dir"] or ctx.run_dir / "checkpoints")
+fingerprint = {"preset": S["model"]["preset"], "params": psi, "hidden": config.hidden, "layers": config.layers}
+meta = {"lab": ctx.lab, "world_size": N, "stage": stage, "precision": S["ds"]["precision"], "model": fingerprint}
+local = strategies.node_local(ctx.run_dir)
+saver = strategies.make(engine, C, root, local, meta)
+ctx.log(f"checkpoints: {saver.name}, every {C['every']} steps, into {root}"
+        + (f" (fast tier {saver.fast_root})" if saver.name == "multilevel" else ""))
+
+# ---- Resume: the newest checkpoint that every rank finds whole --------------------------
+got = full.restore(engine, [Path(C["resume"])] if C["resume"] else saver.roots, expect={"model": fingerprint})
+for tag, problems in got.skipped:
+    ctx.log(f"  skipped {tag}: {'; '.join(problems)}")
+crash = fault.last(ctx.run_dir) if attempt else None
+if got.tag:
+    ctx.log(f"resumed from {got.root}/{got.tag} at step {got.step} (attempt {attempt}); random streams "
+            + ("restored" if got.rng else "fresh: the checkpoint is of another world size"))
+if crash:
+    ctx.log(f"recovering from the failure of rank {crash['rank']} at step {crash['step']}: "
+            f"{crash['step'] - got.step} steps lost")
+
+# ---- Training, checkpointing after every optimizer step that asks for one -----------------
+recovery_s, losses = None, {}
+for step in range(got.step, steps):
+    fault.maybe_inject(ctx.run_dir, step, S["fault"], ctx.rank)
+    t0 = time.perf_counter()
+    loss_sum = torch.zeros(())
+    for block in shards.step(step):
+        loss = engine(block[:, :-1].to(ctx.device), block[:, 1:].to(ctx.device))
+        engine.backward(loss)
+        engine.step()
+        loss_sum += loss.detach().float().cpu()
+    dist.all_reduce(loss_sum)
+    losses[step] = loss_sum.item() / (N * accum)
+    took = time.perf_counter() - t0
+    saved = saver.after_step(step + 1)
+    if crash and recovery_s is None:
+        recovery_s = time.time() - crash["time"]
+    ctx.metrics.step(step=step, loss=losses[step], step_time_s=took, attempt=attempt,
+                     ckpt_stall_s=saved.stall_s if saved else 0.0, tokens_per_s=micro * accum * N * seq / took)
+    ctx.metrics.progress(f"train ({saver.name})", step + 1, steps, f"loss {losses[step]:.4f}")
+records = saver.finish()
+full.on_main(shutil.rmtree, local, True)  # node-local memory is for this run only
+train_s = [json.loads(line)["step_time_s"] for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+# ---- What each checkpoint cost, and what the models predict ------------------------------
+figures, lag = [], 0
+if ctx.is_main and records:
+    ctx.log(f"\ncheckpoints written ({saver.name}):")
+    ctx.log(f"  {'tag':12}{'tier':>9}{'stall ms':>10}{'durable ms':>12}{'MiB':>9}")
+    for r in records:
+        ctx.log(f"  {r.tag:12}{r.tier:>9}{1e3 * r.stall_s:10.0f}{1e3 * r.durable_s:12.0f}{r.bytes / MiB:9.1f}")
+    step_s = sorted(train_s)[len(train_s) // 2]
+    stall = sum(r.stall_s for r in records) / len(records)
+    durable = sum(r.durable_s for r in records) / len(records)
+    lag = math.ceil(max(0.0, durable - stall) / step_s)  # steps trained while a write is in flight
+    wholes = [r.bytes for r in records if r.tier != "delta"]
+    predicted_bytes = predict.checkpoint_bytes(psi, stage, N, S["ds"]["precision"], config).total
+    mtbf_s = C["mtbf_hours"] * 3600
+    young = predict.young_interval(stall, mtbf_s)
+    lost, worst = predict.expected_steps_lost(C["every"], lag), predict.worst_steps_lost(C["every"], lag)
+    ctx.log(f"\n  a training step takes {1e3 * step_s:.0f} ms (median); a checkpoint stalls it {1e3 * stall:.0f} ms "
+            f"and is durable after {1e3 * durable:.0f} ms")
+    ctx.log(f"  a crashed process loses {lost:g} steps on average, {worst:g} at worst (every {C['every']}"
+            f"{f', and {lag} trained while a write is in flight' if lag else ''})")
+    if saver.name == "multilevel":
+        ctx.log(f"  a lost node takes the fast tier with it: "
+                f"{predict.expected_steps_lost(C['durable_every']):g} steps on average, {C['durable_every']} at worst")
+    ctx.log(f"  Young, for one failure every {C['mtbf_hours']:g} h: checkpoint every {young:.0f} s = "
+            f"{young / step_s:.0f} steps (Daly: {predict.daly_interval(stall, mtbf_s):.0f} s); every "
+            f"{C['every']} steps wastes {100 * predict.waste_fraction(C['every'] * step_s, stall, mtbf_s):.2f}% "
+            f"of the time, the optimum {100 * predict.waste_fraction(young, stall, mtbf_s):.2f}%")
+    interval_chart([(saver.name, stall, step_s)], mtbf_s, ctx.run_dir / "interval.png",
+                   title="checkpoint interval")
+    figures += [figure("stall per checkpoint", round(1e3 * stall, 1), "ms", None, "mean; training blocked"),
+                figure("time to durable", round(1e3 * durable, 1), "ms", None, "mean; from the save to `latest`"),
+                figure("bytes per full checkpoint", round(sum(wholes) / max(1, len(wholes)) / MiB, 2), "MiB",
+                       round(predicted_bytes / MiB, 2), "all ranks' files, RNG files and manifest"),
+                figure("bytes per checkpoint", round(sum(r.bytes for r in records) / len(records) / MiB, 2),
+                       "MiB", None, f"mean over {len(records)} checkpoints"),
+                figure("steps lost on a crash (mean)", lost, "steps", None, "predicted: every / 2 + steps in flight"),
+                figure("Young interval", round(young / step_s), "steps", None, f"MTBF {C['mtbf_hours']:g} h"),
+                figure("training step", round(1e3 * step_s, 1), "ms", None, "median, without checkpoints")]
+elif ctx.is_main:
+    ctx.log(f"\nno checkpoint in this run: it trained {steps - got.step} steps, fewer than ckpt.every {C['every']}")
+if ctx.is_main:
+    if crash:
+        first = {}
+        for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if row["attempt"] == 0:
+                first[row["step"]] = row["loss"]
+        again = [s for s in losses if s in first]
+        ctx.check("the steps trained again after the restart give the same losses, bit for bit",
+                  all(first[s] == losses[s] for s in again),
+                  f"steps {again[0]}-{again[-1]} before and after the crash" if again else "no step was repeated")
+        figures += [figure("time to recover", round(recovery_s, 2), "s", None, "from the kill to the first step done"),
+                    figure("steps lost", crash["step"] - got.step, "steps",
+                           predict.worst_steps_lost(C["every"], lag), "measured beside the worst case")]
+    kept = store.entries(root)
+    ctx.check("every checkpoint kept is whole, and `latest` names the newest",
+              not records or (bool(kept) and all(e.valid for e in kept) and store.latest_tag(root) == kept[0].tag),
+              f"{len(kept)} kept in {root.name}/ ({', '.join(e.tag for e in kept)}), checksums verified")
+ctx.finish(figures, strategy=saver.name, every=C["every"], mtbf_hours=C["mtbf_hours"], stage=stage, params=psi,
+           losses=losses, checkpoints=[r.__dict__ for r in records], resumed_from=got.tag, resumed_step=got.step,
+           skipped=got.skipped, attempt=attempt, fault=crash, recovery_s=recovery_s, data=corpus.source,
+           real_data=corpus.real)
