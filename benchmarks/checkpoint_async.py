@@ -9,7 +9,7 @@ the same preset and initial weights train side by side in every rank, on random 
 a ZeRO-2 DeepSpeed engine (plscale.dsconfig.spec, micro batch 2) and a plain torch copy in
 DDP with torch.optim.AdamW (DCP does not speak the DeepSpeed engine). Paths:
 
-  DeepSpeed sync   plscale.rank.checkpoint.full.save: engine.save_checkpoint into .partial/,
+  DeepSpeed sync   plscale.rank.checkpoint.sealed.save: engine.save_checkpoint into .partial/,
                    each rank's RNG file, manifest of checksums, fsync, rename, `latest`.
   plscale async    plscale.rank.checkpoint.asynchronous.Async(every=1): the same files
                    written to /dev/shm (the stall), then copied, checksummed, fsynced and
@@ -64,7 +64,7 @@ from plscale.ckpt import store  # noqa: E402
 from plscale.dsconfig.spec import DSSpec, build  # noqa: E402
 from plscale.predict.presets import preset  # noqa: E402
 from plscale.rank import distributed  # noqa: E402
-from plscale.rank.checkpoint import full  # noqa: E402
+from plscale.rank.checkpoint import sealed  # noqa: E402
 from plscale.rank.checkpoint.asynchronous import Async  # noqa: E402
 from plscale.rank.models.llama import Llama  # noqa: E402
 
@@ -144,7 +144,7 @@ def main() -> None:
     strategy = Async(engine, root / "async", scratch / "async", every=1, meta=meta)
 
     def ds_sync(step: int) -> Turn:
-        saved = full.save(engine, root / "ds-sync", step, meta)
+        saved = sealed.save(engine, root / "ds-sync", step, meta)
         return Turn(saved.stall_s, lambda: (saved.durable_s, saved.bytes))
 
     def pl_async(step: int) -> Turn:

@@ -1,7 +1,7 @@
 """`plscale ckpt ls/verify/convert` on real checkpoints written by 2 CPU ranks.
 
 The module's fixture trains the tiny model at ZeRO-2 and ZeRO-0 and saves steps 2 and 4
-through plscale.rank.checkpoint.full, beside the model's own state dict at each step (see
+through plscale.rank.checkpoint.sealed, beside the model's own state dict at each step (see
 tests/helpers/save_checkpoints.py). Conversions must give that state dict back exactly.
 """
 

@@ -96,19 +96,24 @@ def test_strategies_measure_what_they_cost(goldens, lab):
 
 
 @pytest.mark.e2e
-def test_a_corrupted_newest_checkpoint_is_skipped(lab, goldens, tmp_path):
+def test_a_corrupted_newest_checkpoint_is_skipped_and_a_restart_prefers_its_own(lab, goldens, tmp_path):
     root = tmp_path / "checkpoints"
     shutil.copytree(goldens[2] / "checkpoints", root)
     victim = root / "step000008" / "mp_rank_00_model_states.pt"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, same size: DeepSpeed alone would load it
     victim.write_bytes(bytes(data))
-    run_dir, out = lab("basic", "--set", "ds.stage=2", "--set", f"ckpt.resume={root}", "--steps", "9")
+    # resume from the damaged folder, save step 8 anew, die at step 9, restart
+    run_dir, out = lab("fault", "--set", "ds.stage=2", "--set", f"ckpt.resume={root}", "--steps", "10",
+                       "--set", "fault.step=9")
     assert "skipped checkpoints/step000008" in out.stdout and "corrupted" in out.stdout
-    s = load_summary(run_dir)
-    assert s["resumed_from"] == "step000006"
+    attempts = losses_by_attempt(run_dir)
     golden = losses_by_attempt(goldens[2])[0]
-    assert {int(k): v for k, v in s["losses"].items() if int(k) < 8} == {6: golden[6], 7: golden[7]}
+    assert attempts[0] == {6: golden[6], 7: golden[7], 8: attempts[0][8]}  # resumed at 6, bit for bit
+    s = load_summary(run_dir)
+    assert s["resumed_from"] == "step000008" and s["resumed_step"] == 8  # its own, not the damaged one
+    assert attempts[1] == {8: attempts[0][8], 9: attempts[1][9]}
+    assert store.latest_tag(root) == "step000008" and not store.entries(root)[0].valid  # the source untouched
 
 
 @pytest.mark.e2e
@@ -151,10 +156,14 @@ def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, saved_
     (["--set", "fault.step=3", "--set", "fault.rank=2"], "fault.rank 2: this run has ranks 0 to 1"),
     (["--set", "ckpt.strategy=lazy"], "Unknown ckpt.strategy 'lazy'"),
     (["--set", "ckpt.every=0"], "ckpt.every 0"),
-    (["--set", "ckpt.full_every=5"], "ckpt.full_every 5 is not a multiple of ckpt.every 2"),
+    (["--set", "ckpt.strategy=incremental", "--set", "ckpt.full_every=5"],
+     "ckpt.full_every 5 is not a multiple of ckpt.every 2"),
     (["--set", "ckpt.resume=/nonexistent/checkpoints"], "No checkpoint folder at /nonexistent/checkpoints"),
     (["--set", "ckpt.dir=/dev/null/checkpoints"], "Cannot write checkpoints to /dev/null/checkpoints"),
     (["--max-restarts", "1", "--launcher", "deepspeed"], "torchrun"),
+    (["--set", "ds.load_universal=true"], "add --set ckpt.resume=FOLDER"),
+    (["--set", "ds.load_universal=true", "--set", "ds.stage=0", "--set", "ckpt.resume=x"],
+     "Universal checkpoints load at ZeRO stages 1-3"),
 ])
 def test_bad_checkpoint_settings_fail_before_launch(cli, args, message):
     out = cli("lab", "run", "ckpt", *FAST, *args)
@@ -175,4 +184,8 @@ def test_resume_refuses_another_model_or_stage_or_a_folder_without_latest(lab, g
     (bare / "latest").unlink()
     no_latest = cli("lab", "run", "ckpt", *FAST, "--set", f"ckpt.resume={bare}")
     assert no_latest.returncode == 2 and "no `latest` file" in no_latest.stderr
+    run_dir_given = cli("lab", "run", "ckpt", *FAST, "--set", f"ckpt.resume={goldens[2]}")
+    assert run_dir_given.returncode == 2 and "is a run directory" in run_dir_given.stderr
+    busy_dir = cli("lab", "run", "ckpt", *FAST, "--gpus", "1", "--set", "ds.grad_accum=2", "--set", f"ckpt.dir={root}")
+    assert busy_dir.returncode == 2 and "already holds checkpoints of ZeRO-2 on 2 ranks" in busy_dir.stderr
     assert store.latest_tag(root) == "step000008"  # nothing written where we resumed from

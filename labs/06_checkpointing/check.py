@@ -22,10 +22,10 @@ def check(settings: dict, topology) -> None:
     for key in ("every", "full_every", "durable_every", "keep"):
         if not isinstance(C[key], int) or C[key] < 1:
             raise UserError(f"ckpt.{key} {C[key]!r}: use a whole number of 1 or more.")
-    for key in ("full_every", "durable_every"):
-        if C[key] % C["every"]:
-            raise UserError(f"ckpt.{key} {C[key]} is not a multiple of ckpt.every {C['every']}: "
-                            f"use {C['every'] * max(1, round(C[key] / C['every']))}.")
+    key = {"incremental": "full_every", "multilevel": "durable_every"}.get(C["strategy"])
+    if key and C[key] % C["every"]:
+        raise UserError(f"ckpt.{key} {C[key]} is not a multiple of ckpt.every {C['every']}: "
+                        f"use {C['every'] * max(1, round(C[key] / C['every']))}.")
     if C["mtbf_hours"] <= 0:
         raise UserError(f"ckpt.mtbf_hours {C['mtbf_hours']}: give the mean time between failures, e.g. 24.")
     if F["step"] >= steps:
@@ -33,15 +33,26 @@ def check(settings: dict, topology) -> None:
                         f"pick a step inside the run, or -1 for no fault.")
     if F["step"] >= 0 and not 0 <= F["rank"] < topology.world_size:
         raise UserError(f"fault.rank {F['rank']}: this run has ranks 0 to {topology.world_size - 1}.")
-    store.check_writable(Path(C["dir"])) if C["dir"] else None
+    universal = settings["ds"].get("load_universal", False)
+    if universal and not C["resume"]:
+        raise UserError("ds.load_universal loads a universal checkpoint: add --set ckpt.resume=FOLDER, or drop it.")
+    if universal and settings["ds"]["stage"] == 0:
+        raise UserError("Universal checkpoints load at ZeRO stages 1-3: use --set ds.stage=1 (or 2, 3). A ZeRO-0 "
+                        "checkpoint needs no conversion: it loads at any rank count as it is.")
+    if C["dir"]:
+        store.check_writable(Path(C["dir"]))
+        if store.latest_tag(Path(C["dir"])):  # a folder with checkpoints is resumed from: it must fit
+            _check_resume(Path(C["dir"]), config, settings, topology.world_size, "ckpt.dir")
     if C["resume"]:
         _check_resume(Path(C["resume"]), config, settings, topology.world_size)
 
 
-def _check_resume(root: Path, config, settings: dict, world: int) -> None:
+def _check_resume(root: Path, config, settings: dict, world: int, key: str = "ckpt.resume") -> None:
     """The checkpoint to resume from must be of this model; another stage or world size only
-    through a universal checkpoint."""
-    entries = [e for e in store.open_root(root) if e.manifest]
+    through a universal checkpoint. (The ranks verify the checksums; here the manifests only.)"""
+    if (root / "checkpoints" / store.LATEST).is_file() and not (root / store.LATEST).is_file():
+        raise UserError(f"{key} {root} is a run directory: give its checkpoint folder, {root / 'checkpoints'}.")
+    entries = [e for e in store.open_root(root, verify=False) if e.manifest]
     if not entries:
         raise UserError(f"{root} holds no checkpoint with a manifest: list it with `plscale ckpt ls {root}`.")
     m = entries[0].manifest
@@ -51,6 +62,9 @@ def _check_resume(root: Path, config, settings: dict, world: int) -> None:
                         f"{model.get('layers')} layers; this run: preset {settings['model']['preset']!r}, hidden "
                         f"{config.hidden}, {config.layers} layers): resume with the model it was saved from.")
     universal = settings["ds"].get("load_universal", False)
+    if key == "ckpt.dir" and (m.get("stage"), m.get("world_size")) != (settings["ds"]["stage"], world):
+        raise UserError(f"ckpt.dir {root} already holds checkpoints of ZeRO-{m.get('stage')} on {m.get('world_size')} "
+                        f"ranks, which this run would resume from: pick an empty folder.")
     if m.get("kind") == "universal" and not universal:
         raise UserError(f"{root} is a universal checkpoint: add --set ds.load_universal=true.")
     if m.get("kind") != "universal":

@@ -28,12 +28,12 @@ def value(summary: dict, name: str):
 
 def table(summaries: list[dict]) -> str:
     rows = ["| strategy | stall per checkpoint (ms) | time to durable (ms) | MiB per checkpoint | "
-            "steps lost on a crash (mean) | Young interval (steps) |", "|---|---:|---:|---:|---:|---:|"]
+            "steps lost on a crash, predicted mean | Young interval, predicted (steps) |", "|---|---:|---:|---:|---:|---:|"]
     for s in summaries:
         rows.append(f"| {s['strategy']} | {value(s, 'stall per checkpoint')['value']:.0f} | "
                     f"{value(s, 'time to durable')['value']:.0f} | {value(s, 'bytes per checkpoint')['value']:.1f} | "
-                    f"{value(s, 'steps lost on a crash (mean)')['value']:.1f} | "
-                    f"{value(s, 'Young interval')['value']} |")
+                    f"{value(s, 'steps lost on a crash, predicted mean')['value']:.1f} | "
+                    f"{value(s, 'Young interval, predicted')['value']} |")
     return "\n".join(rows)
 
 

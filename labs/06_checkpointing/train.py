@@ -31,10 +31,11 @@ from plscale.plots import interval_chart
 from plscale.predict import checkpoint as predict
 from plscale.predict.presets import preset
 from plscale.rank import distributed, fault, runtime
-from plscale.rank.checkpoint import full, strategies
+from plscale.rank.checkpoint import sealed, strategies
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.run.rundir import node_scratch
 
 MiB = 2**20
 
@@ -61,13 +62,15 @@ ctx.log(f"data: {corpus.source}; model: Llama-shaped '{S['model']['preset']}', Î
 root = Path(C["dir"] or ctx.run_dir / "checkpoints")
 fingerprint = {"preset": S["model"]["preset"], "params": psi, "hidden": config.hidden, "layers": config.layers}
 meta = {"lab": ctx.lab, "world_size": N, "stage": stage, "precision": S["ds"]["precision"], "model": fingerprint}
-local = strategies.node_local(ctx.run_dir)
+local = node_scratch(ctx.run_dir)  # memory on this node, for this run only
 saver = strategies.make(engine, C, root, local, meta)
 ctx.log(f"checkpoints: {saver.name}, every {C['every']} steps, into {root}"
         + (f" (fast tier {saver.fast_root})" if saver.name == "multilevel" else ""))
 
-# ---- Resume: the newest checkpoint that every rank finds whole --------------------------
-got = full.restore(engine, [Path(C["resume"])] if C["resume"] else saver.roots, expect={"model": fingerprint})
+# ---- Resume: the newest checkpoint that every rank finds whole (this run's own, after a
+# restart, or ckpt.resume's) --------------------------------------------------------------
+roots = saver.roots + ([Path(C["resume"])] if C["resume"] else [])
+got = sealed.restore(engine, roots, local, expect={"model": fingerprint})
 for tag, problems in got.skipped:
     ctx.log(f"  skipped {tag}: {'; '.join(problems)}")
 crash = fault.last(ctx.run_dir) if attempt else None
@@ -77,6 +80,8 @@ if got.tag:
 if crash:
     ctx.log(f"recovering from the failure of rank {crash['rank']} at step {crash['step']}: "
             f"{crash['step'] - got.step} steps lost")
+if got.step >= steps:
+    ctx.log(f"nothing to train: the checkpoint is at step {got.step} and the run has {steps} (raise --steps)")
 
 # ---- Training, checkpointing after every optimizer step that asks for one -----------------
 recovery_s, losses = None, {}
@@ -99,21 +104,22 @@ for step in range(got.step, steps):
                      ckpt_stall_s=saved.stall_s if saved else 0.0, tokens_per_s=micro * accum * N * seq / took)
     ctx.metrics.progress(f"train ({saver.name})", step + 1, steps, f"loss {losses[step]:.4f}")
 records = saver.finish()
-full.on_main(shutil.rmtree, local, True)  # node-local memory is for this run only
+sealed.on_main(shutil.rmtree, local, True)  # under `plscale lab run` the host clears it even after a crash
 train_s = [json.loads(line)["step_time_s"] for line in (ctx.run_dir / "metrics.jsonl").read_text().splitlines()]
 
 # ---- What each checkpoint cost, and what the models predict ------------------------------
 figures, lag = [], 0
 if ctx.is_main and records:
     ctx.log(f"\ncheckpoints written ({saver.name}):")
-    ctx.log(f"  {'tag':12}{'tier':>9}{'stall ms':>10}{'durable ms':>12}{'MiB':>9}")
+    ctx.log(f"  {'tag':12}{'tier':>9}{'kind':>7}{'stall ms':>10}{'durable ms':>12}{'MiB':>9}")
     for r in records:
-        ctx.log(f"  {r.tag:12}{r.tier:>9}{1e3 * r.stall_s:10.0f}{1e3 * r.durable_s:12.0f}{r.bytes / MiB:9.1f}")
+        ctx.log(f"  {r.tag:12}{r.tier:>9}{r.kind:>7}{1e3 * r.stall_s:10.0f}{1e3 * r.durable_s:12.0f}"
+                f"{r.bytes / MiB:9.1f}")
     step_s = sorted(train_s)[len(train_s) // 2]
     stall = sum(r.stall_s for r in records) / len(records)
     durable = sum(r.durable_s for r in records) / len(records)
     lag = math.ceil(max(0.0, durable - stall) / step_s)  # steps trained while a write is in flight
-    wholes = [r.bytes for r in records if r.tier != "delta"]
+    wholes = [r.bytes for r in records if r.kind == "full"]
     predicted_bytes = predict.checkpoint_bytes(psi, stage, N, S["ds"]["precision"], config).total
     mtbf_s = C["mtbf_hours"] * 3600
     young = predict.young_interval(stall, mtbf_s)
@@ -134,14 +140,16 @@ if ctx.is_main and records:
     figures += [figure("stall per checkpoint", round(1e3 * stall, 1), "ms", None, "mean; training blocked"),
                 figure("time to durable", round(1e3 * durable, 1), "ms", None, "mean; from the save to `latest`"),
                 figure("bytes per full checkpoint", round(sum(wholes) / max(1, len(wholes)) / MiB, 2), "MiB",
-                       round(predicted_bytes / MiB, 2), "all ranks' files, RNG files and manifest"),
+                       round(predicted_bytes / MiB, 2), "measured: all files; predicted: DeepSpeed's"),
                 figure("bytes per checkpoint", round(sum(r.bytes for r in records) / len(records) / MiB, 2),
                        "MiB", None, f"mean over {len(records)} checkpoints"),
-                figure("steps lost on a crash (mean)", lost, "steps", None, "predicted: every / 2 + steps in flight"),
-                figure("Young interval", round(young / step_s), "steps", None, f"MTBF {C['mtbf_hours']:g} h"),
+                figure("steps lost on a crash, predicted mean", lost, "steps", None, "every / 2 + steps in flight"),
+                figure("Young interval, predicted", round(young / step_s), "steps", None,
+                       f"MTBF {C['mtbf_hours']:g} h, this run's stall and step"),
                 figure("training step", round(1e3 * step_s, 1), "ms", None, "median, without checkpoints")]
 elif ctx.is_main:
-    ctx.log(f"\nno checkpoint in this run: it trained {steps - got.step} steps, fewer than ckpt.every {C['every']}")
+    ctx.log(f"\nno checkpoint in this run: it trained {max(0, steps - got.step)} steps, and checkpoints every "
+            f"{C['every']}")
 if ctx.is_main:
     if crash:
         first = {}
@@ -153,9 +161,11 @@ if ctx.is_main:
         ctx.check("the steps trained again after the restart give the same losses, bit for bit",
                   all(first[s] == losses[s] for s in again),
                   f"steps {again[0]}-{again[-1]} before and after the crash" if again else "no step was repeated")
+        worst = predict.worst_steps_lost(C["every"], lag)
+        ctx.check("the crash cost no more steps than the strategy promises", crash["step"] - got.step <= worst,
+                  f"{crash['step'] - got.step} lost, at worst {worst:g}")
         figures += [figure("time to recover", round(recovery_s, 2), "s", None, "from the kill to the first step done"),
-                    figure("steps lost", crash["step"] - got.step, "steps",
-                           predict.worst_steps_lost(C["every"], lag), "measured beside the worst case")]
+                    figure("steps lost", crash["step"] - got.step, "steps", worst, "measured beside the worst case")]
     kept = store.entries(root)
     ctx.check("every checkpoint kept is whole, and `latest` names the newest",
               not records or (bool(kept) and all(e.valid for e in kept) and store.latest_tag(root) == kept[0].tag),

@@ -9,7 +9,8 @@
 Writing (`commit`): every rank writes into .partial/<tag>/; then one rank checksums every
 file into manifest.json, flushes to disk, renames the folder into place, and moves
 `latest` last. A crash at any moment leaves the earlier checkpoints and `latest` as they
-were. Reading (`newest_valid`): checkpoints are tried newest first; one whose files do
+were (re-saving a step that already has a folder replaces that folder, not whole, between
+two renames: it happens only when that checkpoint was not whole to begin with). Reading (`newest_valid`): checkpoints are tried newest first; one whose files do
 not match its manifest (truncated, flipped bytes, missing) is skipped with the reason.
 """
 
@@ -50,27 +51,38 @@ def file_table(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
 
 
-def _fsync_tree(folder: Path) -> None:
-    for p in [*folder.rglob("*"), folder]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def commit(root: Path, tag: str, meta: dict) -> Path:
-    """Seal .partial/<tag> with its manifest and make it the newest checkpoint."""
+    """Seal .partial/<tag> with its manifest and make it the newest checkpoint: the files
+    and the folder flushed to disk, then renamed into place, then `latest` (flushed too)."""
     root, partial = Path(root), partial_dir(root, tag)
     manifest = {"format": 1, "tag": tag, "created": time.time(), **meta, "files": file_table(partial)}
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    _fsync_tree(partial)
+    for p in [*partial.rglob("*"), partial]:
+        _fsync(p)
     final = root / tag
-    if final.exists():  # a checkpoint of the same step from an earlier attempt: replaced whole
-        shutil.rmtree(final)
+    if final.exists():  # the same step from an earlier attempt (it was not whole, or we would have resumed
+        aside = root / PARTIAL / f"{tag}.old"  # from it): moved aside, then replaced
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+        shutil.rmtree(aside, ignore_errors=True)
     os.replace(partial, final)
+    _fsync(root)
     write_atomic(root / LATEST, tag)
+    _fsync(root / LATEST)
+    _fsync(root)
     return final
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
 def discard_partial(root: Path, tag: str) -> None:
@@ -123,7 +135,7 @@ class Entry:
 
     @property
     def bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        return folder_bytes(self.path)
 
 
 def entries(root: Path, verify: bool = True) -> list[Entry]:
@@ -145,7 +157,7 @@ def latest_tag(root: Path) -> str | None:
         return None
 
 
-def open_root(root: Path) -> list[Entry]:
+def open_root(root: Path, verify: bool = True) -> list[Entry]:
     """The checkpoints a user pointed at, verified; one clear error when there is nothing to resume."""
     root = Path(root)
     if not root.is_dir():
@@ -154,7 +166,7 @@ def open_root(root: Path) -> list[Entry]:
     if latest_tag(root) is None:
         raise UserError(f"{root} has no `latest` file: it is not a checkpoint folder, or no checkpoint was ever "
                         f"completed there (list it with `plscale ckpt ls {root}`).")
-    return entries(root)
+    return entries(root, verify)
 
 
 def check_writable(root: Path) -> None:

@@ -140,7 +140,7 @@ def convert(
 
     if to == "universal":
         written = converter.to_universal(root, tag, out)
-        size = sum(p.stat().st_size for p in written.rglob("*") if p.is_file())
+        size = store.folder_bytes(written)
         console.print(f"wrote {escape(str(written))} ({size / 2**20:,.1f} MiB, sealed with a manifest; `latest` and "
                       f"`latest_universal` name it). Load it at any rank count with "
                       f'"checkpoint": {{"load_universal": true}} (DSSpec(load_universal=True)).', soft_wrap=True)

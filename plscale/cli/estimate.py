@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from plscale.cli.output import console
+from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
 from plscale.predict.memory import BYTES, LABELS, Setup, estimate, gib
@@ -158,6 +158,8 @@ def checkpoint(
         raise UserError(f"--stall-s {stall_s:g}: a save stalls for some time; give the measured seconds.")
     if restart_s < 0 or lag_steps < 0:
         raise UserError(f"--restart-s {restart_s:g} and --lag-steps {lag_steps:g} cannot be negative.")
+    if png is not None:
+        png_path("--png", png)
     if ranks < 1:
         raise UserError(f"--ranks {ranks}: a job has at least one rank.")
     config = PRESETS.get(model)

@@ -40,8 +40,8 @@ N ranks, p bytes per weight (4 fp32, 2 bf16/fp16), K = 12 bytes of fp32 optimize
 
 Ψ' = Ψ rounded up to a multiple of 2N (ZeRO-1/2 pad the flat buffer); Ψ''/N = Σ ceil(Ψ_i/N)
 over the parameter tensors (ZeRO-3 pads each one). bf16 prefixes the optimizer files
-"bf16_". Stage 3 writes no weights: they live in the fp32 partitions (zero_to_fp32.py,
-copied next to the tags from stage 1 on, rebuilds them). Each file adds a few KiB of
+"bf16_". Stage 3 writes no weights: they live in the fp32 partitions (DeepSpeed's
+zero_to_fp32.py rebuilds them; `plscale ckpt convert --to fp32` calls it). Each file adds a few KiB of
 metadata (torch.save's zip records, pickled names, the DeepSpeed config), fitted per file
 class to n, the model's parameter tensors (below): it matters only for stage 3's metadata
 file. fp16 is taken to follow bf16 without the prefix (not measured: CPUs lack fp16).

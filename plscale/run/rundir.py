@@ -5,8 +5,10 @@ ds_config.json, command.txt, env.json, hostfile (multi-node), launcher.log.
 Ranks: system.json (versions, hardware), metrics.jsonl, summary.json, rank_N.log, plots.
 """
 
+import hashlib
 import os
 import shlex
+import shutil
 import time
 from pathlib import Path
 
@@ -40,6 +42,23 @@ def new_run_dir(lab_id: str, variant: str, root: Path | None = None, create: boo
             except FileExistsError:
                 pass
         n += 1
+
+
+def node_scratch(run_dir: Path) -> Path:
+    """This run's folder in memory-backed storage on this node (/dev/shm, else the run
+    directory): for what must outlive a crashed process but not the run, such as lab 06's
+    fast checkpoint tier. Named after the run directory's full path, so two runs never share
+    it; the host removes it when the ranks are gone (`clear_node_scratch`)."""
+    run_dir = Path(run_dir).resolve()
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:8]
+        return shm / f"plscale-{run_dir.name}-{digest}"
+    return run_dir / "node-scratch"
+
+
+def clear_node_scratch(run_dir: Path) -> None:
+    shutil.rmtree(node_scratch(run_dir), ignore_errors=True)
 
 
 def write_inputs(run_dir: Path, plan, resolved, command: list[str]) -> None:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from plscale.run.launch import Plan
+from plscale.run.rundir import clear_node_scratch
 
 PROGRESS = "PLSCALE_PROGRESS "
 # The launchers' and DeepSpeed's own start-up chatter: kept in launcher.log, not shown.
@@ -38,6 +39,8 @@ def run(plan: Plan, run_dir: Path, console: Console) -> int:
             console.print("[yellow]Interrupted: stopping every rank...[/]")
             stop(proc)
             return 130
+        finally:
+            clear_node_scratch(run_dir)  # the ranks' node-local scratch does not outlive the run
     if code != 0:
         _report_failure(run_dir, code, console)
     return code

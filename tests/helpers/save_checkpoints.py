@@ -1,5 +1,5 @@
 """Real checkpoints for the checkpoint CLI's tests: a 2-rank DeepSpeed run of the `tiny`
-model that saves through plscale.rank.checkpoint.full (manifests and all).
+model that saves through plscale.rank.checkpoint.sealed (manifests and all).
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 tests/helpers/save_checkpoints.py OUT 2 0
 
@@ -9,7 +9,7 @@ live engine had it at that step (gathered at stage 3): what a conversion must gi
 
     torchrun --standalone --nproc_per_node 1 tests/helpers/save_checkpoints.py --load-universal ROOT STAGE REF
 
-loads the universal checkpoint ROOT on this many ranks through full.restore and prints one
+loads the universal checkpoint ROOT on this many ranks through sealed.restore and prints one
 JSON line: the step restored, the largest difference from the state dict in REF, and the
 loss of one more step (the optimizer state loaded too).
 """
@@ -62,7 +62,7 @@ def full_state(engine, stage: int) -> dict:
 
 
 def save(out: Path, stage: int, rank: int) -> None:
-    from plscale.rank.checkpoint import full
+    from plscale.rank.checkpoint import sealed
 
     engine = engine_for(stage, world_size=2)
     root, reference = out / f"stage{stage}", out / f"stage{stage}-reference"
@@ -71,7 +71,7 @@ def save(out: Path, stage: int, rank: int) -> None:
     for step in range(1, max(SAVE_AT) + 1):
         train_step(engine)
         if step in SAVE_AT:
-            full.save(engine, root, step, meta)
+            sealed.save(engine, root, step, meta)
             state = full_state(engine, stage)
             if rank == 0:
                 reference.mkdir(parents=True, exist_ok=True)
@@ -80,10 +80,10 @@ def save(out: Path, stage: int, rank: int) -> None:
 
 
 def load_universal(root: Path, stage: int, reference: Path, d) -> None:
-    from plscale.rank.checkpoint import full
+    from plscale.rank.checkpoint import sealed
 
     engine = engine_for(stage, world_size=d.world_size, load_universal=True)
-    restored = full.restore(engine, [root])
+    restored = sealed.restore(engine, [root], root.parent / "scratch")  # scratch: only for deltas
     state, want = full_state(engine, stage), torch.load(reference)
     diff = max((state[k] - want[k]).abs().max().item() for k in want)
     loss = train_step(engine)

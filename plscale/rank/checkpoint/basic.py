@@ -8,7 +8,7 @@ loses the steps since the last checkpoint: `every` at worst, `every / 2` on aver
 from pathlib import Path
 
 from plscale.ckpt import store
-from plscale.rank.checkpoint import full
+from plscale.rank.checkpoint import sealed
 
 
 class Basic:
@@ -16,20 +16,20 @@ class Basic:
 
     def __init__(self, engine, root: Path, every: int, meta: dict, keep: int = 2):
         self.engine, self.root, self.every, self.meta, self.keep = engine, Path(root), every, meta, keep
-        self.records: list[full.Saved] = []
+        self.records: list[sealed.Saved] = []
 
     @property
     def roots(self) -> list[Path]:
         return [self.root]
 
-    def after_step(self, step: int) -> full.Saved | None:
+    def after_step(self, step: int) -> sealed.Saved | None:
         if step % self.every:
             return None
         last = self.records[-1].bytes if self.records else 0
-        saved = full.save(self.engine, self.root, step, {**self.meta, "strategy": self.name}, need_bytes=last)
+        saved = sealed.save(self.engine, self.root, step, {**self.meta, "strategy": self.name}, need_bytes=last)
         self.records.append(saved)
-        full.on_main(store.prune, self.root, self.keep)
+        sealed.on_main(store.prune, self.root, self.keep)
         return saved
 
-    def finish(self) -> list[full.Saved]:
+    def finish(self) -> list[sealed.Saved]:
         return self.records

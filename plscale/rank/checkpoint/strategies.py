@@ -5,7 +5,6 @@ Each has the same shape: `after_step(step)` (may checkpoint; returns its cost re
 flight; returns every record).
 """
 
-import os
 from pathlib import Path
 
 from plscale.rank.checkpoint.asynchronous import Async
@@ -14,15 +13,8 @@ from plscale.rank.checkpoint.incremental import Incremental
 from plscale.rank.checkpoint.multilevel import MultiLevel
 
 
-def node_local(run_dir: Path) -> Path:
-    """Memory-backed storage on this node (/dev/shm) when there is some, else the run dir."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"plscale-{Path(run_dir).resolve().name}"
-    return Path(run_dir) / "local"
-
-
 def make(engine, ckpt: dict, root: Path, local: Path, meta: dict):
+    """`local`: node-local scratch memory (plscale.run.rundir.node_scratch)."""
     name, every, keep = ckpt["strategy"], ckpt["every"], ckpt["keep"]
     if name == "basic":
         return Basic(engine, root, every, meta, keep)
