@@ -34,6 +34,8 @@ MEANING = {
     "bf16": "bf16 mixed precision: halves parameter/activation bytes, fp32's range so no loss scaling.",
     "activation_checkpointing": "Recompute activations in backward: activation memory drops to one per layer "
                                 "boundary, compute rises by about a third.",
+    "checkpoint.load_universal": "Load a universal checkpoint (every parameter whole, from "
+                                 "`plscale ckpt convert --to universal`): resume at another world size or layout.",
     "pipeline": "Pipeline-parallel settings: activation checkpoint interval between stages.",
     "comms_logger": "Log every collective's size and time: a little overhead, a table of communication.",
     "flops_profiler": "Profile FLOPs and latency of one step: overhead on the profiled step only.",
