@@ -81,17 +81,27 @@ def test_killed_and_restarted_run_equals_the_uninterrupted_one(lab, goldens, sta
 
 
 @pytest.mark.e2e
-def test_strategies_measure_what_they_cost(goldens, lab):
+def test_strategies_measure_what_they_cost(goldens, lab, tmp_path):
     s = load_summary(goldens[2])
     f = figures(s)
     # bytes of a full checkpoint against plscale estimate checkpoint (the RNG files and manifest on top)
     assert abs(f["bytes per full checkpoint"]["value"] - f["bytes per full checkpoint"]["predicted"]) \
         <= 0.02 * f["bytes per full checkpoint"]["predicted"]
     assert [c["step"] for c in s["checkpoints"]] == [2, 4, 6, 8]
-    run_dir, _ = lab("async", "--set", "ds.stage=2")
+    # a crashed attempt's half-written checkpoint, with its marker: must not count for the new one
+    root = tmp_path / "checkpoints"
+    stale = store.partial_dir(root, "step000008")
+    stale.mkdir(parents=True)
+    (stale / ".done-1").touch()
+    (stale / "junk.pt").write_bytes(b"half")
+    run_dir, _ = lab("async", "--set", "ds.stage=2", "--set", f"ckpt.dir={root}")
     a = load_summary(run_dir)
     for c in a["checkpoints"]:  # the stall is the snapshot; durable comes later
         assert 0 < c["stall_s"] < c["durable_s"]
+    for entry in store.entries(root):  # every rank's files, nothing else
+        assert entry.valid and "junk.pt" not in entry.manifest["files"]
+        assert {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                "mp_rank_00_model_states.pt", "rank_0_rng.pt", "rank_1_rng.pt"} == set(entry.manifest["files"])
     assert (run_dir / "interval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
