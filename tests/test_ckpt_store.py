@@ -109,3 +109,13 @@ def test_rebuild_of_a_delta_checkpoint_is_verified(tmp_path):
     # a damaged base makes the delta invalid too
     (tmp_path / "step000005" / "a.pt").write_bytes(b"0" * 10240)
     assert any("base" in p for p in store.problems(tmp_path / "step000010"))
+
+
+def test_prune_counts_only_up_to_latest_and_keeps_its_base(tmp_path):
+    seal(tmp_path, 45, {"a.pt": b"stale, from a crashed attempt"})
+    for step in (10, 30):
+        seal(tmp_path, step, {"a.pt": bytes([step]) * 10})
+    write_partial(tmp_path, 35, {"a.pt.xor.z": b"d"})
+    store.commit(tmp_path, "step000035", {"step": 35, "kind": "delta", "base": "step000030"})
+    assert store.prune(tmp_path, keep=1) == ["step000045", "step000010"]
+    assert [e.tag for e in store.entries(tmp_path)] == ["step000035", "step000030"]

@@ -88,12 +88,12 @@ recovery_s, losses = None, {}
 for step in range(got.step, steps):
     fault.maybe_inject(ctx.run_dir, step, S["fault"], ctx.rank)
     t0 = time.perf_counter()
-    loss_sum = torch.zeros(())
+    loss_sum = torch.zeros((), device=ctx.device)
     for block in shards.step(step):
         loss = engine(block[:, :-1].to(ctx.device), block[:, 1:].to(ctx.device))
         engine.backward(loss)
         engine.step()
-        loss_sum += loss.detach().float().cpu()
+        loss_sum += loss.detach().float()
     dist.all_reduce(loss_sum)
     losses[step] = loss_sum.item() / (N * accum)
     took = time.perf_counter() - t0

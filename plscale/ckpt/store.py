@@ -183,13 +183,17 @@ def check_writable(root: Path) -> None:
 
 
 def prune(root: Path, keep: int) -> list[str]:
-    """Delete all but the newest `keep` full checkpoints and the deltas built on them.
-    `latest`'s target and folders without a manifest (not ours to judge) stay."""
+    """Delete all but the newest `keep` full checkpoints up to `latest` and the deltas built on
+    them. `latest`, its base, and folders without a manifest (not ours to judge) stay; anything
+    newer than `latest` (left by a crashed attempt) goes."""
     items = [e for e in entries(root, verify=False) if e.manifest]
-    fulls = [e.tag for e in items if not e.manifest.get("base")][:keep]
+    latest = next((e for e in items if e.tag == latest_tag(root)), None)
+    upto = latest.step if latest else float("inf")
+    fulls = [e.tag for e in items if not e.manifest.get("base") and e.step <= upto][:keep]
+    protected = set(fulls) | ({latest.tag, latest.manifest.get("base")} if latest else set())
     removed = []
     for e in items:
-        if e.tag in fulls or e.manifest.get("base") in fulls or e.tag == latest_tag(root):
+        if e.tag in protected or (e.manifest.get("base") in fulls and e.step <= upto):
             continue
         shutil.rmtree(e.path, ignore_errors=True)
         removed.append(e.tag)

@@ -45,13 +45,13 @@ def new_run_dir(lab_id: str, variant: str, root: Path | None = None, create: boo
 
 
 def node_scratch(run_dir: Path) -> Path:
-    """This run's folder in memory-backed storage on this node (/dev/shm, else the run
-    directory): for what must outlive a crashed process but not the run, such as lab 06's
+    """This run's folder in memory-backed storage on this node (/dev/shm when it has 1 GiB
+    free, else the run directory): for what must outlive a crashed process but not the run, such as lab 06's
     fast checkpoint tier. Named after the run directory's full path, so two runs never share
     it; the host removes it when the ranks are gone (`clear_node_scratch`)."""
     run_dir = Path(run_dir).resolve()
     shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
+    if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= 2**30:  # (Docker's is 64 MiB)
         digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:8]
         return shm / f"plscale-{run_dir.name}-{digest}"
     return run_dir / "node-scratch"

@@ -86,11 +86,13 @@ class Async:
         store.prune(self.root, self.keep)
 
     def _wait(self) -> None:
+        """Every rank: the previous write done; a failure on any rank raised on all of them."""
         if self.writer is not None:
             self.writer.join()
             self.writer = None
-        if self.failure is not None:
-            raise self.failure
+        if not sealed.agree(self.failure is None):
+            raise self.failure or UserError("A checkpoint write failed on another rank (its log says why): "
+                                            "earlier checkpoints are untouched.")
 
     def finish(self) -> list[sealed.Saved]:
         self._wait()

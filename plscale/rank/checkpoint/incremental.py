@@ -16,6 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from plscale.ckpt import delta, store
+from plscale.errors import UserError
 from plscale.rank.checkpoint import sealed
 
 
@@ -54,10 +55,13 @@ class Incremental:
         shutil.rmtree(store.partial_dir(self.scratch, tag), ignore_errors=True)
         snapshot = sealed.write_partial(self.engine, self.scratch, tag)   # this rank's files, in memory
         mine = store.file_table(snapshot)
+        failure = None
         try:
             delta.encode_into(snapshot, self.root / self.base, store.partial_dir(self.root, tag), list(mine))
         except OSError as exc:
-            raise sealed.write_error(exc, self.root, tag) from None
+            failure = sealed.write_error(exc, self.root, tag)
+        if not sealed.agree(failure is None):  # every rank stops together, with one line
+            raise failure or UserError(f"Could not write checkpoint {tag} on another rank (its log says why).")
         shutil.rmtree(snapshot, ignore_errors=True)
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)

@@ -5,13 +5,12 @@ Every `every` steps the full state goes to a fast tier on this node (memory-back
 `durable_every` steps it goes to durable storage (the run directory, in a real cluster a
 shared or remote file system). Restore takes the freshest checkpoint that is whole,
 from either tier, so a process crash loses at most `every` steps and a lost node at most
-`durable_every`. When the run ends, its newest fast checkpoint is copied to the durable
-tier, since node-local memory does not outlive the run. (Gemini keeps the fast copy in a
+`durable_every`. When the run ends, its state is saved to the durable tier once more if
+that tier is behind, since node-local memory does not outlive the run. (Gemini keeps the fast copy in a
 peer's memory instead; the idea is the same: the cheap tier absorbs the frequent saves.
 On several nodes the fast tier here is sealed on node 0 only, so restore skips it there.)
 """
 
-import shutil
 from pathlib import Path
 
 from plscale.ckpt import store
@@ -26,13 +25,15 @@ class MultiLevel:
         self.engine, self.root, self.fast_root = engine, Path(root), Path(fast_root)
         self.every, self.durable_every, self.meta, self.keep = every, durable_every, meta, keep
         self.records: list[sealed.Saved] = []
+        self.step = 0  # the newest step trained
 
     @property
     def roots(self) -> list[Path]:
         return [self.fast_root, self.root]
 
-    def after_step(self, step: int) -> sealed.Saved | None:
-        durable = step % self.durable_every == 0
+    def after_step(self, step: int, durable: bool = False) -> sealed.Saved | None:
+        self.step = step
+        durable = durable or step % self.durable_every == 0
         if step % self.every and not durable:
             return None
         root, tier = (self.root, "durable") if durable else (self.fast_root, "fast")
@@ -43,17 +44,10 @@ class MultiLevel:
         sealed.on_main(store.prune, root, self.keep)
         return saved
 
-    def _promote(self, tag: str) -> None:
-        """Copy a sealed fast checkpoint into the durable tier and seal it there."""
-        partial = store.partial_dir(self.root, tag)
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(self.fast_root / tag, partial, ignore=shutil.ignore_patterns(store.MANIFEST))
-        meta = {k: v for k, v in store.read_manifest(self.fast_root / tag).items()
-                if k not in ("format", "tag", "created", "files")}
-        store.commit(self.root, tag, {**meta, "tier": "durable"})
-        store.prune(self.root, self.keep)
-
     def finish(self) -> list[sealed.Saved]:
-        if self.records and self.records[-1].tier == "fast":
-            sealed.on_main(self._promote, self.records[-1].tag)
+        """Node-local memory does not outlive the run: a state newer than the durable tier's
+        newest is saved there once more (recorded like any durable checkpoint)."""
+        durable = [r.step for r in self.records if r.tier == "durable"]
+        if self.step and self.step > max(durable, default=0):
+            self.after_step(self.step, durable=True)
         return self.records

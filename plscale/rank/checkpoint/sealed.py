@@ -48,8 +48,9 @@ class Restored:
 
 
 def agree(flag: bool) -> bool:
-    """True when every rank's flag is True."""
-    t = torch.tensor([int(flag)])
+    """True when every rank's flag is True (on the GPU under NCCL, which has no CPU tensors)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
 
@@ -116,8 +117,10 @@ def restore(engine, roots: list, scratch: Path, expect: dict | None = None) -> R
     """Load the newest checkpoint that every rank finds whole, from any of `roots`; a delta
     checkpoint is first rebuilt into node-local `scratch` (plscale.ckpt.delta). `expect`:
     manifest fields that must match (the model)."""
+    universal = bool(engine.load_universal_checkpoint())  # such an engine loads universal checkpoints only
     mine = {(e.step, (e.manifest or {}).get("tier") == "durable", str(e.path)): e
-            for root in roots for e in store.entries(root)}
+            for root in roots for e in store.entries(root)
+            if ((e.manifest or {}).get("kind") == "universal") == universal}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, {key: e.valid for key, e in mine.items()})
     skipped = []
@@ -133,10 +136,15 @@ def restore(engine, roots: list, scratch: Path, expect: dict | None = None) -> R
                                 f"this run has {want}): resume from a checkpoint of this model.")
         load_root = entry.path.parent
         if entry.manifest.get("kind") == "delta":  # rebuilt once per node, next to the ranks that read it
-            load_root = Path(scratch) / "rebuilt"
+            load_root, rebuilt = Path(scratch) / "rebuilt", True
             if int(os.environ.get("LOCAL_RANK", 0)) == 0:
-                delta.rebuild(entry.path, load_root / entry.tag)
-            dist.barrier()
+                try:
+                    delta.rebuild(entry.path, load_root / entry.tag)
+                except (OSError, ValueError) as exc:
+                    rebuilt, entry.problems = False, [f"rebuilding it failed: {exc}"]
+            if not agree(rebuilt):
+                skipped.append((f"{entry.path.parent.name}/{entry.tag}", entry.problems or ["rebuilding it failed"]))
+                continue
         engine.load_checkpoint(str(load_root), tag=entry.tag)
         same_world = entry.manifest.get("world_size") == dist.get_world_size()
         rng = same_world and rank_state.restore(load_root / entry.tag, dist.get_rank())
