@@ -24,20 +24,15 @@ from plscale.rank.checkpoint import sealed
 TIMEOUT_S = 600  # rank 0 gives up waiting for the other ranks' writes
 
 
-class Async:
+class Async(sealed.Strategy):
     name = "async"
 
     def __init__(self, engine, root: Path, scratch: Path, every: int, meta: dict, keep: int = 2):
-        self.engine, self.root, self.every, self.meta, self.keep = engine, Path(root), every, meta, keep
+        super().__init__(engine, root, every, meta, keep)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.scratch = Path(scratch) / f"rank{self.rank}"
-        self.records: list[sealed.Saved] = []
         self.writer: threading.Thread | None = None
         self.failure: BaseException | None = None
-
-    @property
-    def roots(self) -> list[Path]:
-        return [self.root]
 
     def after_step(self, step: int) -> sealed.Saved | None:
         if step % self.every:

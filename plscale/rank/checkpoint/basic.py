@@ -5,22 +5,12 @@ training waits until it is sealed. Stall = time to durable = the whole write. A 
 loses the steps since the last checkpoint: `every` at worst, `every / 2` on average.
 """
 
-from pathlib import Path
-
 from plscale.ckpt import store
 from plscale.rank.checkpoint import sealed
 
 
-class Basic:
+class Basic(sealed.Strategy):
     name = "basic"
-
-    def __init__(self, engine, root: Path, every: int, meta: dict, keep: int = 2):
-        self.engine, self.root, self.every, self.meta, self.keep = engine, Path(root), every, meta, keep
-        self.records: list[sealed.Saved] = []
-
-    @property
-    def roots(self) -> list[Path]:
-        return [self.root]
 
     def after_step(self, step: int) -> sealed.Saved | None:
         if step % self.every:
@@ -30,6 +20,3 @@ class Basic:
         self.records.append(saved)
         sealed.on_main(store.prune, self.root, self.keep)
         return saved
-
-    def finish(self) -> list[sealed.Saved]:
-        return self.records

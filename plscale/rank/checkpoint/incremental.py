@@ -20,19 +20,14 @@ from plscale.errors import UserError
 from plscale.rank.checkpoint import sealed
 
 
-class Incremental:
+class Incremental(sealed.Strategy):
     name = "incremental"
 
     def __init__(self, engine, root: Path, scratch: Path, every: int, full_every: int, meta: dict, keep: int = 2):
-        self.engine, self.root, self.every, self.full_every, self.meta, self.keep = \
-            engine, Path(root), every, full_every, meta, keep
+        super().__init__(engine, root, every, meta, keep)
+        self.full_every = full_every
         self.scratch = Path(scratch) / f"rank{dist.get_rank()}"
         self.base: str | None = None  # tag of the last full checkpoint
-        self.records: list[sealed.Saved] = []
-
-    @property
-    def roots(self) -> list[Path]:
-        return [self.root]
 
     def after_step(self, step: int) -> sealed.Saved | None:
         if step % self.every:
@@ -71,6 +66,3 @@ class Incremental:
         dist.barrier()
         took = time.perf_counter() - t0
         return sealed.Saved(step, tag, "durable", "delta", took, took, store.folder_bytes(self.root / tag))
-
-    def finish(self) -> list[sealed.Saved]:
-        return self.records

@@ -17,14 +17,13 @@ from plscale.ckpt import store
 from plscale.rank.checkpoint import sealed
 
 
-class MultiLevel:
+class MultiLevel(sealed.Strategy):
     name = "multilevel"
 
     def __init__(self, engine, root: Path, fast_root: Path, every: int, durable_every: int, meta: dict,
                  keep: int = 2):
-        self.engine, self.root, self.fast_root = engine, Path(root), Path(fast_root)
-        self.every, self.durable_every, self.meta, self.keep = every, durable_every, meta, keep
-        self.records: list[sealed.Saved] = []
+        super().__init__(engine, root, every, meta, keep)
+        self.fast_root, self.durable_every = Path(fast_root), durable_every
         self.step = 0  # the newest step trained
 
     @property

@@ -47,6 +47,23 @@ class Restored:
     rng: bool = True   # this rank's random streams were restored (False at another world size)
 
 
+class Strategy:
+    """What every strategy shares: its cost records, where restore looks, the end of a run."""
+
+    name = ""
+
+    def __init__(self, engine, root: Path, every: int, meta: dict, keep: int):
+        self.engine, self.root, self.every, self.meta, self.keep = engine, Path(root), every, meta, keep
+        self.records: list[Saved] = []
+
+    @property
+    def roots(self) -> list[Path]:
+        return [self.root]
+
+    def finish(self) -> list[Saved]:
+        return self.records
+
+
 def agree(flag: bool) -> bool:
     """True when every rank's flag is True (on the GPU under NCCL, which has no CPU tensors)."""
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
