@@ -40,7 +40,7 @@ def rope_tables(head_dim: int, seq: int, theta: float, device=None):
 
 def apply_rope(x, cos, sin):
     """Rotate each (even, odd) half-pair of x (batch, heads, seq, head_dim) by its angle."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)  # fp32 at least
     rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.to(x.dtype)
 
@@ -123,4 +123,5 @@ class Llama(nn.Module):
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -1,0 +1,157 @@
+"""The conjugate operators of Megatron's tensor parallelism, as autograd functions.
+
+A column-parallel linear needs the whole input on every rank and gives each rank a slice
+of the output; a row-parallel linear takes those slices and gives each rank a partial sum.
+Two operators glue them (Shoeybi et al., Megatron-LM, 2019), each the other's mirror:
+
+    f  copy_to(x)          forward: identity       backward: all-reduce the gradient
+    g  reduce_from(x)      forward: all-reduce     backward: identity
+
+so one attention block or MLP costs one all-reduce forward (g) and one backward (f).
+
+Sequence parallelism (Korthikanti et al., 2022) keeps the norms and residuals split along
+the sequence between the blocks. An all-reduce is a reduce-scatter then an all-gather, so
+g becomes a reduce-scatter (each rank keeps the sum of its slice of the sequence) and f an
+all-gather (the block needs the whole sequence); the backward swaps them. Same bytes,
+a t-th of the activations in between:
+
+    gather_sequence(x)           forward: all-gather along the sequence   backward: reduce-scatter
+    reduce_scatter_sequence(x)   forward: reduce-scatter                  backward: all-gather
+
+Activations are [batch, seq, hidden]; the sequence is dim 1. Every call is counted in
+TALLY by collective and phase, so a lab can report what one step sent:
+
+    TALLY.reset(); loss.backward(); TALLY.rows()   # {(op, phase): (calls, bytes)}
+"""
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+SEQ = 1
+
+
+class Tally:
+    """Calls and bytes per (collective, phase). Bytes: the all-reduced tensor; for all-gather
+    the gathered tensor, for reduce-scatter its input: the full tensor either way."""
+
+    def __init__(self):
+        self.counts = defaultdict(lambda: [0, 0])
+
+    def add(self, op: str, phase: str, nbytes: int) -> None:
+        entry = self.counts[(op, phase)]
+        entry[0] += 1
+        entry[1] += nbytes
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+    def rows(self) -> dict:
+        return {key: tuple(value) for key, value in sorted(self.counts.items())}
+
+
+TALLY = Tally()
+
+
+def _bytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+def all_reduce(x: torch.Tensor, group, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """A summed (or max) copy of x over the group."""
+    TALLY.add("all_reduce", phase, _bytes(x))
+    x = x.contiguous().clone()
+    dist.all_reduce(x, op=op, group=group)
+    return x
+
+
+def all_gather_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
+    """[b, s/t, h] on each rank -> [b, s, h], the ranks' slices in group order."""
+    t = dist.get_world_size(group)
+    front = x.transpose(0, SEQ).contiguous()           # the sequence first: gathered slices stack on dim 0
+    out = front.new_empty((front.shape[0] * t, *front.shape[1:]))
+    dist.all_gather_into_tensor(out, front, group=group)
+    TALLY.add("all_gather", phase, _bytes(out))
+    return out.transpose(0, SEQ).contiguous()
+
+
+def reduce_scatter_sequence_(x: torch.Tensor, group, phase: str) -> torch.Tensor:
+    """[b, s, h] partial sums on each rank -> [b, s/t, h]: this rank's slice of the sum."""
+    t = dist.get_world_size(group)
+    front = x.transpose(0, SEQ).contiguous()
+    if front.shape[0] % t:
+        raise ValueError(f"sequence of {front.shape[0]} tokens does not split over {t} ranks")
+    out = front.new_empty((front.shape[0] // t, *front.shape[1:]))
+    TALLY.add("reduce_scatter", phase, _bytes(front))
+    dist.reduce_scatter_tensor(out, front, group=group)
+    return out.transpose(0, SEQ).contiguous()
+
+
+class _CopyTo(torch.autograd.Function):  # f
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(grad, ctx.group, "backward"), None
+
+
+class _ReduceFrom(torch.autograd.Function):  # g
+    @staticmethod
+    def forward(ctx, x, group):
+        return all_reduce(x, group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _GatherSequence(torch.autograd.Function):  # f under sequence parallelism
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_sequence(x, group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter_sequence_(grad, ctx.group, "backward"), None
+
+
+class _ReduceScatterSequence(torch.autograd.Function):  # g under sequence parallelism
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_sequence_(x, group, "forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather_sequence(grad, ctx.group, "backward"), None
+
+
+def copy_to(x, group):
+    """f: identity forward, all-reduce backward (before a column-parallel linear)."""
+    return _CopyTo.apply(x, group)
+
+
+def reduce_from(x, group):
+    """g: all-reduce forward, identity backward (after a row-parallel linear)."""
+    return _ReduceFrom.apply(x, group)
+
+
+def gather_sequence(x, group):
+    """f with sequence parallelism: all-gather forward, reduce-scatter backward."""
+    return _GatherSequence.apply(x, group)
+
+
+def reduce_scatter_sequence(x, group):
+    """g with sequence parallelism: reduce-scatter forward, all-gather backward."""
+    return _ReduceScatterSequence.apply(x, group)
+
+
+def split_sequence(x, group):
+    """This rank's slice of the sequence, [b, s, h] -> [b, s/t, h] (no communication)."""
+    t, r = dist.get_world_size(group), dist.get_rank(group)
+    return x.chunk(t, dim=SEQ)[r].contiguous()

@@ -1,0 +1,140 @@
+"""Every hand-written tensor-parallel layer against its dense counterpart, on real processes over
+gloo at tp 2 and tp 4: forward output and every gradient, in float64 so that only summation
+order can differ (tolerance 1e-10). Also the tally of collectives against the Megatron count."""
+
+import json
+import socket
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from plscale.predict import tensor_parallel as predict_tp
+from plscale.predict.presets import ModelConfig
+
+WORLDS = (2, 4)
+# heads 8, key/value heads 4 (grouped-query), everything divisible by 4
+CONFIG = ModelConfig(vocab=96, hidden=32, layers=2, heads=8, kv_heads=4, ffn=48, max_seq=16)
+B, S = 2, 8
+TOL = 1e-10
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _gap(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+def _sharded_like(tp_model, dense_values):
+    """What each parameter of tp_model holds when loaded from a dense model whose weights are
+    `dense_values` (the dense gradients): the expected shard of every gradient."""
+    from plscale.rank.models.llama import Llama
+    holder = Llama(CONFIG).double()
+    with torch.no_grad():
+        for p, v in zip(holder.parameters(), dense_values):
+            p.copy_(v)
+    twin = type(tp_model)(CONFIG, tp_model.group, tp_model.sequence_parallel).double()
+    twin.load_dense(holder)
+    return dict(twin.named_parameters())
+
+
+def _cases(rank, world):
+    from plscale.rank.mesh import Mesh
+    from plscale.rank.models.llama import Llama
+    from plscale.rank.tensor_parallel import layers, operators as ops
+    from plscale.rank.tensor_parallel.llama import TensorParallelLlama
+
+    mesh = Mesh.build(tp=world, dims=("tp",))
+    group, out = mesh.group("tp"), {}
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, S, CONFIG.hidden, generator=g, dtype=torch.float64, requires_grad=True)
+
+    # Column then row: the Megatron MLP, without and with sequence parallelism
+    w1 = torch.randn(2 * CONFIG.ffn, CONFIG.hidden, generator=g, dtype=torch.float64)
+    w2 = torch.randn(CONFIG.hidden, 2 * CONFIG.ffn, generator=g, dtype=torch.float64)
+    dense_x = x.detach().clone().requires_grad_()
+    y = torch.nn.functional.linear(torch.nn.functional.linear(dense_x, w1).relu(), w2)
+    y.pow(2).sum().backward()
+    for sp in (False, True):
+        col = layers.ColumnParallelLinear(CONFIG.hidden, 2 * CONFIG.ffn, group, sp).double()
+        row = layers.RowParallelLinear(2 * CONFIG.ffn, CONFIG.hidden, group, sp).double()
+        col.load_shard(w1)
+        row.load_shard(w2)
+        xin = (ops.split_sequence(dense_x.detach(), group) if sp else dense_x.detach()).clone().requires_grad_()
+        yp = row(col(xin).relu())
+        want_y = ops.split_sequence(y.detach(), group) if sp else y.detach()
+        yp.pow(2).sum().backward()  # under SP each rank's sum covers its slice of the sequence
+        want_gx = ops.split_sequence(dense_x.grad, group) if sp else dense_x.grad
+        out[f"mlp sp={sp} output"] = _gap(yp, want_y)
+        out[f"mlp sp={sp} input grad"] = _gap(xin.grad, want_gx)
+
+    # The whole model: loss and every gradient, without and with sequence parallelism
+    torch.manual_seed(1)
+    dense = Llama(CONFIG).double()
+    tokens = torch.randint(0, CONFIG.vocab, (B, S + 1), generator=g)
+    loss = dense(tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    dense_grads = [p.grad for p in dense.parameters()]
+    for sp in (False, True):
+        model = TensorParallelLlama(CONFIG, group, sequence_parallel=sp).double()
+        model.load_dense(dense)
+        ops.TALLY.reset()
+        tp_loss = model(tokens[:, :-1], tokens[:, 1:])
+        tp_loss.backward()
+        model.sync_replicated_grads()
+        out[f"model sp={sp} loss"] = abs(tp_loss.item() - loss.item())
+        want = _sharded_like(model, dense_grads)
+        out[f"model sp={sp} grads"] = max(_gap(p.grad, want[n]) for n, p in model.named_parameters())
+        out[f"model sp={sp} tally"] = {f"{op} {phase}": list(v) for (op, phase), v in ops.TALLY.rows().items()}
+    return out
+
+
+def _worker(rank, ports, out_dir):
+    torch.set_num_threads(1)
+    for world, port in zip(WORLDS, ports):
+        if rank < world:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=60))
+            (out_dir / f"world{world}_rank{rank}.json").write_text(json.dumps(_cases(rank, world)))
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("tp_layers")
+    mp.start_processes(_worker, args=([_free_port() for _ in WORLDS], out_dir), nprocs=max(WORLDS),
+                       start_method="spawn")
+    return {(w, r): json.loads((out_dir / f"world{w}_rank{r}.json").read_text())
+            for w in WORLDS for r in range(w)}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", ["mlp sp=False output", "mlp sp=False input grad", "mlp sp=True output",
+                                  "mlp sp=True input grad", "model sp=False loss", "model sp=False grads",
+                                  "model sp=True loss", "model sp=True grads"])
+def test_parallel_equals_dense(results, world, case):
+    gaps = [results[(world, r)][case] for r in range(world)]
+    assert max(gaps) <= TOL, f"{case} at tp {world}: largest gap {max(gaps):.3g}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("sp", [False, True])
+def test_tally_matches_prediction(results, world, sp):
+    """The collectives one rank issued in one forward and backward are the ones predicted (the
+    model ran in float64: every message twice its fp32 size)."""
+    rows = predict_tp.collectives(CONFIG, world, seq=S, micro_batch=B, precision="fp32", sp=sp)
+    want = {}
+    for row in rows:
+        key = f"{row.op} {row.phase}"
+        calls, nbytes = want.get(key, (0, 0))
+        want[key] = [calls + row.calls, nbytes + 2 * row.total]
+    for r in range(world):
+        assert results[(world, r)][f"model sp={sp} tally"] == want
