@@ -80,3 +80,57 @@ class Mesh:
     def __str__(self) -> str:
         where = " ".join(f"{k}{v}" for k, v in self.coords.items())
         return f"rank {self.rank} of {self.layout}: {where}"
+
+
+class MegatronMPU:
+    """A Mesh in the shape of Megatron's `mpu` (its parallel_state), the object through which
+    DeepSpeed learns the groups of a model it did not split itself:
+
+        engine, *_ = deepspeed.initialize(model=model, config=ds, mpu=MegatronMPU(mesh), ...)
+
+    DeepSpeed then all-reduces gradients over the data-parallel group only, shards ZeRO's
+    states over it, and computes the gradient norm once per model-parallel group (weights
+    marked `tensor_model_parallel` counted on every rank, replicated ones on one). The mesh
+    needs the groups "tp", "dp", "pp" and "tp-pp" (Megatron's model-parallel group)."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+
+    def get_model_parallel_group(self):
+        return self.mesh.group("tp-pp")
+
+    def get_model_parallel_rank(self):
+        return self.mesh.rank_in("tp-pp")
+
+    def get_model_parallel_world_size(self):
+        return self.mesh.size("tp-pp")
+
+    def get_tensor_model_parallel_group(self):
+        return self.mesh.group("tp")
+
+    def get_tensor_model_parallel_rank(self):
+        return self.mesh.rank_in("tp")
+
+    def get_tensor_model_parallel_world_size(self):
+        return self.mesh.size("tp")
+
+    def get_tensor_model_parallel_src_rank(self):
+        return self.mesh.ranks("tp")[0]
+
+    def get_pipeline_model_parallel_group(self):
+        return self.mesh.group("pp")
+
+    def get_pipeline_model_parallel_world_size(self):
+        return self.mesh.size("pp")
+
+    def get_data_parallel_group(self):
+        return self.mesh.group("dp")
+
+    def get_data_parallel_rank(self):
+        return self.mesh.rank_in("dp")
+
+    def get_data_parallel_world_size(self):
+        return self.mesh.size("dp")
+
+    def get_data_parallel_group_ranks(self):
+        return self.mesh.ranks("dp")

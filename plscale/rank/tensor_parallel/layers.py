@@ -38,6 +38,7 @@ class ColumnParallelLinear(nn.Module):
         self.parts = list(out_features) if isinstance(out_features, (list, tuple)) else [out_features]
         local = sum(_split(n, self.t, "output width") for n in self.parts)
         self.weight = nn.Parameter(torch.empty(local, in_features))
+        self.weight.tensor_model_parallel = True  # Megatron's mark: a shard, not a copy (gradient norms)
 
     @torch.no_grad()
     def load_shard(self, *full: torch.Tensor) -> None:
@@ -56,6 +57,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.sequence_parallel = group, sequence_parallel
         self.t, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.weight = nn.Parameter(torch.empty(out_features, _split(in_features, self.t, "input width")))
+        self.weight.tensor_model_parallel = True
 
     @torch.no_grad()
     def load_shard(self, full: torch.Tensor) -> None:
@@ -76,6 +78,7 @@ class VocabParallelEmbedding(nn.Module):
         rows = _split(vocab, self.t, "vocabulary")
         self.start, self.end = self.rank * rows, (self.rank + 1) * rows
         self.weight = nn.Parameter(torch.empty(rows, dim))
+        self.weight.tensor_model_parallel = True
 
     @torch.no_grad()
     def load_shard(self, full: torch.Tensor) -> None:
