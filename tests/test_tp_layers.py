@@ -4,7 +4,6 @@ order can differ (tolerance 1e-10). Also the tally of collectives against the Me
 
 import json
 import socket
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest

@@ -1,7 +1,9 @@
 """`plscale estimate memory`: memory per rank for a model, a ZeRO stage and a parallel layout;
+`plscale estimate tp`: tensor (and sequence) parallelism's parameters and collectives per rank;
 `plscale estimate checkpoint`: what a checkpoint writes, and how often to write one."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
@@ -11,8 +13,9 @@ from rich.table import Table
 from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
+from plscale.predict import tensor_parallel as tpm
 from plscale.predict.memory import BYTES, LABELS, Setup, estimate, gib
-from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
+from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count, preset
 
 app = typer.Typer(help="Estimate what a training run needs before you rent it.", no_args_is_help=True)
 
@@ -29,6 +32,7 @@ def memory(
     offload_param: bool = typer.Option(False, help="Parameters in host memory (stage 3)."),
     tp: int = typer.Option(1, help="Tensor-parallel degree."),
     pp: int = typer.Option(1, help="Pipeline-parallel degree."),
+    sp: bool = typer.Option(False, "--sp", help="Sequence parallelism over the TP group (needs --tp >= 2)."),
     seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
     micro_batch: int = typer.Option(1, help="Sequences per rank per forward/backward."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step (ZeRO-1 and offload hold "
@@ -43,7 +47,8 @@ def memory(
 ) -> None:
     """Memory per rank: parameters, gradients, optimizer states, activations.
 
-    Model states (ZeRO paper): Ψ = parameters / (tp * pp), N = gpus / (tp * pp),
+    Model states (ZeRO paper): Ψ = parameters / (tp * pp) (a preset under tp:
+    the rank's matmul shards plus the replicated norms, / pp), N = gpus / (tp * pp),
     p = 2 bytes (bf16, fp16) or 4 (fp32), K = 12 (fp32 master + Adam m + v).
     stage 0: pΨ + pΨ + KΨ     stage 1: pΨ + pΨ + KΨ/N
     stage 2: pΨ + (p+K)Ψ/N    stage 3: (2p+K)Ψ/N
@@ -88,7 +93,7 @@ def memory(
         raise UserError(f"--budget {budget:g}: give the GiB one device has, for example --budget 80.")
     seq = seq or (min(config.max_seq, 2048) if config else 1024)
     setup = Setup(params=params, stage=stage, dp=dp, precision=precision, offload_optimizer=offload_optimizer,
-                  offload_param=offload_param, tp=tp, pp=pp, model=config, seq=seq, micro_batch=micro_batch,
+                  offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
                   grad_accum=grad_accum, recompute=recompute, largest_layer=largest, accounting=accounting)
     result = estimate(setup)
     need = gib(result.total("device"))
@@ -98,7 +103,7 @@ def memory(
         return
 
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
-                        f"{gpus} ranks = dp {dp} x tp {tp} x pp {pp}", title_justify="left")
+                        f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}", title_justify="left")
     for column in ("", "device GiB", "host GiB", "formula"):
         table.add_column(column, justify="right" if "GiB" in column else "left")
     for term in result.terms:
@@ -120,6 +125,73 @@ def _check_budget(budget: float | None, need: float, model: str, stage: int, gpu
         raise UserError(f"{model} at ZeRO-{stage} on {gpus} ranks needs {need:.2f} GiB per device, over the "
                         f"budget of {budget:g} GiB: raise --stage, add --offload-optimizer/--offload-param, "
                         f"more --gpus, --recompute or a smaller --micro-batch.")
+
+
+@app.command("tp")
+def tensor_parallel(
+    name: str = typer.Option("small", "--preset", "-m", help=f"A model preset: {', '.join(PRESETS)}."),
+    tp: int = typer.Option(2, help="Tensor-parallel degree t: ranks in one TP group."),
+    seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
+    micro_batch: int = typer.Option(1, help="Sequences per forward/backward."),
+    micro_batches: int = typer.Option(1, help="Forward/backward passes per optimizer step."),
+    sp: bool = typer.Option(False, "--sp", help="Sequence parallelism (Korthikanti et al., 2022)."),
+    precision: str = typer.Option("bf16", help="bf16, fp16 or fp32: the activations' element size."),
+    as_json: bool = typer.Option(False, "--json", help="Print parameters per rank and the collectives as JSON."),
+) -> None:
+    """Parameters per rank and the collectives one rank issues in its TP group per step.
+
+    Megatron TP splits the embedding, every layer's q, k, v, o, gate, up,
+    down and the head over t ranks; the RMSNorm weights ((2L+1)h) are
+    replicated. Per micro-batch, A = b*s*h activation bytes: f (all-reduce
+    backward) before attention and MLP, g (all-reduce forward) after them:
+    2L all-reduces of A forward and 2L backward, plus the embedding (fwd),
+    the head's input (bwd) and cross-entropy (3 of b*s fp32, fwd). --sp turns
+    each all-reduce into reduce-scatter + all-gather (same bytes) and adds one
+    all-reduce of the norms' fp32 gradients per step.
+    See plscale/predict/tensor_parallel.py.
+    """
+    config = preset(name)
+    tpm.check_divisible(config, tp, f"preset {name!r}")
+    seq = seq or min(config.max_seq, 2048)
+    rows = tpm.collectives(config, tp, seq, micro_batch, precision, sp=sp, micro_batches=micro_batches)
+    params, dense = tpm.params_per_rank(config, tp), param_count(config)
+    sums, paper = tpm.totals(rows), tpm.megatron_paper_count(config.layers)
+    if as_json:
+        typer.echo(json.dumps({
+            "preset": name, "tp": tp, "sp": sp, "seq": seq, "micro_batch": micro_batch,
+            "micro_batches": micro_batches, "precision": precision,
+            "params": {"sharded": params.sharded, "replicated": params.replicated, "total": params.total,
+                       "dense_over_tp": dense / tp},
+            "collectives": [{**asdict(r), "total": r.total} for r in rows],
+            "totals": {op: {"calls": c, "bytes": b} for op, (c, b) in sums.items()},
+            "megatron_paper": paper}, indent=2))
+        return
+
+    table = Table(title=f"parameters per rank: {name}, tp {tp}", title_justify="left")
+    for column in ("", "parameters", "formula"):
+        table.add_column(column, justify="right" if column == "parameters" else "left")
+    table.add_row("sharded", f"{params.sharded:,}", "(embedding + L x layer matmuls) / t")
+    table.add_row("replicated", f"{params.replicated:,}", "RMSNorm weights (2L+1)h")
+    table.add_row("[bold]total[/]", f"[bold]{params.total:,}[/]", "")
+    table.add_row("dense model / tp", f"{dense / tp:,.0f}", f"{dense:,} / {tp}")
+    console.print(table)
+    if not rows:
+        console.print("tp 1: no tensor-parallel collectives.")
+        return
+    table = Table(title=f"collectives per optimizer step, one rank of the TP group: seq {seq} x micro batch "
+                        f"{micro_batch} x {micro_batches} micro-batches, {precision}, SP {'on' if sp else 'off'}",
+                  title_justify="left")
+    for column in ("op", "phase", "where", "calls", "MiB each", "MiB"):
+        table.add_column(column, justify="right" if column in ("calls", "MiB each", "MiB") else "left")
+    for r in rows:
+        table.add_row(r.op, r.phase, escape(r.where), str(r.calls), f"{r.bytes / 2**20:.3f}",
+                      f"{r.total / 2**20:.3f}")
+    for op, (calls, nbytes) in sums.items():
+        table.add_row(f"[bold]{op}[/]", "", "total", f"[bold]{calls}[/]", "", f"[bold]{nbytes / 2**20:.3f}[/]")
+    console.print(table)
+    console.print(f"Megatron paper (Shoeybi et al., 2019), transformer layers only: {paper['forward']} all-reduces "
+                  f"forward and {paper['backward']} backward per micro-batch (2 per layer each way, L = "
+                  f"{config.layers})" + ("; SP: each becomes a reduce-scatter + an all-gather." if sp else "."))
 
 
 @app.command("checkpoint")

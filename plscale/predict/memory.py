@@ -5,8 +5,10 @@ what each rank measures (`setup_from_ds_config` reads the run's DeepSpeed config
 Setup, so the lab and the CLI ask the same question).
 
 Model states (Rajbhandari et al., ZeRO, 2020). Ψ parameters on this model-parallel rank
-(Ψ_total / (tp * pp)), N data-parallel ranks, p bytes per weight (2 in bf16/fp16, 4 in
-fp32), K = 12 bytes of optimizer state per parameter (fp32 master 4 + Adam m 4 + v 4):
+(Ψ_total / (tp * pp); given a model shape and tp > 1, tensor_parallel.params_per_rank / pp, as
+the norm weights are replicated over the TP group), N data-parallel ranks, p bytes per weight
+(2 in bf16/fp16, 4 in fp32), K = 12 bytes of optimizer state per parameter (fp32 master 4 +
+Adam m 4 + v 4):
 
     stage 0   pΨ + pΨ + KΨ              parameters, gradients, optimizer states, all replicated
     stage 1   pΨ + pΨ + KΨ/N            optimizer states sharded
@@ -61,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from plscale.dsconfig.valid import require as require_valid_zero, zero_settings
 from plscale.errors import UserError
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
+from plscale.predict.tensor_parallel import check_divisible, params_per_rank
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
@@ -83,6 +86,7 @@ class Setup:
     offload_param: bool = False
     tp: int = 1
     pp: int = 1
+    sp: bool = False                  # sequence parallel (Megatron, over the TP group; tp >= 2)
     model: ModelConfig | None = None  # the shape, for activations (None: activations not estimated)
     seq: int = 1024
     micro_batch: int = 1
@@ -101,6 +105,10 @@ class Setup:
         if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):
             raise UserError("DeepSpeed's estimators cover ZeRO stages 2 and 3 in bf16/fp16: "
                             "use --accounting paper for stages 0-1 or fp32.")
+        if self.sp and self.tp == 1:
+            raise UserError("sequence parallelism needs tp >= 2: raise --tp or drop --sp.")
+        if self.model and self.tp > 1:
+            check_divisible(self.model, self.tp)
         if self.model and self.model.layers % self.pp:
             raise UserError(f"{self.model.layers} layers do not split into {self.pp} pipeline stages: "
                             f"pick a pipeline degree that divides {self.model.layers}.")
@@ -162,7 +170,10 @@ class Estimate:
 
 def estimate(s: Setup) -> Estimate:
     s.validate()
-    psi = s.params / (s.tp * s.pp)
+    if s.model is not None and s.tp > 1:  # exact for pp 1: the norm weights are replicated
+        psi = params_per_rank(s.model, s.tp).total / s.pp
+    else:
+        psi = s.params / (s.tp * s.pp)
     terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
     if s.model is not None:
         terms.append(Term("activations", activation_bytes(s), 0.0, _activation_formula(s)))

@@ -1,0 +1,139 @@
+"""Tensor and sequence parallelism on paper: parameters per rank, collectives per step.
+
+Host-side and pure: `plscale estimate tp` prints it, and the tensor-parallel lab prints it
+beside what each rank counts.
+
+Megatron tensor parallelism (Shoeybi et al., 2019) splits every matmul of a layer over the
+t ranks of a TP group: q, k, v, gate and up by columns (each rank owns heads / t heads and
+f / t of the SwiGLU width), o and down by rows, so each rank ends a block with a partial sum.
+Two conjugate operators join the pieces:
+
+    f   identity forward, all-reduce backward    before attention and before the MLP
+    g   all-reduce forward, identity backward    after attention and after the MLP
+
+so a layer costs 2 all-reduces forward and 2 backward of the activation b*s*h (A bytes).
+The embedding is split by vocabulary (each rank looks up its V/t rows, zeros elsewhere, then
+g); the output head by vocabulary too (f on its input), and the cross-entropy over the split
+logits all-reduces three b*s fp32 vectors (max, sum of exp, target logit). The RMSNorm weights
+are replicated: each rank holds all (2L + 1) * h of them.
+
+Sequence parallelism (Korthikanti et al., 2022) splits the norms' and residuals' activations
+by sequence as well. An all-reduce is a reduce-scatter followed by an all-gather, so SP trades
+each g for a reduce-scatter (to the sequence shard) and each f for an all-gather (back to the
+whole sequence): the same bytes, fewer activations held. The norm weights now see only s/t
+tokens each, so their gradients are summed over the TP group once per step. (Megatron-LM's
+own layers also re-gather a linear's input in backward instead of saving it: not counted.)
+
+    >>> from plscale.predict.presets import preset
+    >>> c = preset("small")                      # L = 4, h = 256
+    >>> [(r.op, r.phase, r.calls) for r in collectives(c, 2, seq=128, micro_batch=4, precision="fp32")][:2]
+    [('all_reduce', 'forward', 1), ('all_reduce', 'forward', 8)]
+    >>> params_per_rank(c, 2).replicated         # (2L + 1) * h
+    2304
+"""
+
+from dataclasses import dataclass
+from math import gcd
+
+from plscale.errors import UserError
+from plscale.predict.presets import ModelConfig, layer_params, param_count
+
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # activations' element size
+SHAPES = ("hidden", "heads", "kv_heads", "ffn", "vocab")
+
+
+def check_divisible(c: ModelConfig, tp: int, name: str = "the model") -> None:
+    """One line naming the first shape tp does not divide, and the degrees that would work."""
+    if tp < 1:
+        raise UserError(f"tp {tp}: tensor parallelism needs at least 1 rank; use tp 1 (no split) or more.")
+    for shape in SHAPES:
+        value = getattr(c, shape)
+        if value % tp:
+            common = gcd(*(getattr(c, s) for s in SHAPES))
+            ok = [str(d) for d in range(1, common + 1) if common % d == 0]
+            choices = ok[0] if len(ok) == 1 else f"{', '.join(ok[:-1])} or {ok[-1]}"
+            raise UserError(f"{shape} {value} of {name} is not divisible by tp {tp}: use tp {choices} "
+                            f"(they divide hidden, heads, kv_heads, ffn and vocab).")
+
+
+@dataclass(frozen=True)
+class RankParams:
+    sharded: int         # embedding (and untied head) + every layer's matmuls, / tp
+    replicated: int      # the RMSNorm weights, (2L + 1) * h, on every rank
+
+    @property
+    def total(self) -> int:
+        return self.sharded + self.replicated
+
+
+def params_per_rank(c: ModelConfig, tp: int) -> RankParams:
+    """Parameters one rank of a TP group holds (exact; tp 1 gives param_count)."""
+    check_divisible(c, tp)
+    embeddings = c.vocab * c.hidden * (1 if c.tie_embeddings else 2)
+    matmuls = c.layers * (layer_params(c) - 2 * c.hidden)
+    replicated = (2 * c.layers + 1) * c.hidden
+    assert embeddings + matmuls + replicated == param_count(c)
+    return RankParams((embeddings + matmuls) // tp, replicated)
+
+
+@dataclass(frozen=True)
+class Collective:
+    op: str              # all_reduce, all_gather, reduce_scatter
+    phase: str           # forward or backward
+    where: str
+    calls: int           # per optimizer step
+    bytes: int           # per call: all-reduce its tensor, all-gather its output, reduce-scatter its input
+
+    @property
+    def total(self) -> int:
+        return self.calls * self.bytes
+
+
+def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: str,
+                sp: bool = False, micro_batches: int = 1) -> list[Collective]:
+    """What one rank issues in its TP group per optimizer step (micro_batches passes)."""
+    check_divisible(c, tp)
+    if precision not in ELEMENT_BYTES:
+        raise UserError(f"Precision {precision!r}: use fp32, bf16 or fp16.")
+    for flag, value in (("seq", seq), ("micro_batch", micro_batch), ("micro_batches", micro_batches)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1 (got {value}).")
+    if sp and tp == 1:
+        raise UserError("sequence parallelism needs tp >= 2: raise tp or drop sp.")
+    if tp == 1:
+        return []
+    L, m = c.layers, micro_batches
+    a = micro_batch * seq * c.hidden * ELEMENT_BYTES[precision]
+    logits = micro_batch * seq * 4
+    ce = Collective("all_reduce", "forward", "cross-entropy (max, sum of exp, target logit)", 3 * m, logits)
+    if not sp:
+        return [Collective("all_reduce", "forward", "embedding (vocab-parallel)", m, a),
+                Collective("all_reduce", "forward", "layers (g after attention and after MLP)", 2 * L * m, a),
+                ce,
+                Collective("all_reduce", "backward", "head input (f)", m, a),
+                Collective("all_reduce", "backward", "layers (f before attention and before MLP)", 2 * L * m, a)]
+    return [Collective("reduce_scatter", "forward", "embedding (vocab-parallel, to sequence shards)", m, a),
+            Collective("all_gather", "forward", "layers (before attention and before MLP)", 2 * L * m, a),
+            Collective("reduce_scatter", "forward", "layers (after attention and after MLP)", 2 * L * m, a),
+            Collective("all_gather", "forward", "head input", m, a),
+            ce,
+            Collective("reduce_scatter", "backward", "head input", m, a),
+            Collective("reduce_scatter", "backward", "layers (before attention and before MLP)", 2 * L * m, a),
+            Collective("all_gather", "backward", "layers (after attention and after MLP)", 2 * L * m, a),
+            Collective("all_gather", "backward", "embedding", m, a),
+            Collective("all_reduce", "backward", "replicated norm weights' gradients", 1,
+                       (2 * L + 1) * c.hidden * 4)]
+
+
+def totals(rows: list[Collective]) -> dict[str, tuple[int, int]]:
+    """op -> (calls, bytes) summed over the rows."""
+    out: dict[str, tuple[int, int]] = {}
+    for r in rows:
+        calls, nbytes = out.get(r.op, (0, 0))
+        out[r.op] = (calls + r.calls, nbytes + r.total)
+    return out
+
+
+def megatron_paper_count(layers: int) -> dict[str, int]:
+    """The paper's all-reduces in the transformer layers per pass: 2 per layer each way."""
+    return {"forward": 2 * layers, "backward": 2 * layers}
