@@ -51,8 +51,17 @@ a heads, t tensor-parallel ranks:
 
     layer     s*b*(6h + 2) [two RMSNorms]  +  s*b*(3h + 2h_kv + 4f)/t [attention, MLP]
               +  a*s*b/t in fp32 [attention's log-sum-exp]
-    head      s*b*(3h + 1) [final RMSNorm]  +  4*s*b*V bytes [log-softmax, fp32]
+    head      s*b*(3h + 1) [final RMSNorm]  +  4*s*b*V/t bytes [log-softmax, fp32]
     recompute keep only each layer's input, s*b*h, and rebuild one layer at a time
+
+Each RMSNorm keeps its input, 1/rms and the normalised input (2h + 1), and the linear after
+it keeps the norm's output (h). Tensor parallelism splits everything inside the blocks and
+the vocabulary, not the norms. Sequence parallelism (sp) splits the norms' 2h + 1 along
+the sequence too; the all-gathered input a column-parallel linear keeps stays whole (h)
+here (Megatron-LM gathers it again in backward instead, and keeps only its slice):
+
+    sp layer  s*b*(4h + 2)/t + s*b*2h  +  the same attention and MLP terms
+    sp head   s*b*(2h + 1)/t + s*b*h   +  4*s*b*V/t
 
 Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
 micro-batches of L/pp layers, the whole model's worth (Korthikanti et al., 2022).
@@ -238,14 +247,15 @@ def layer_activation_bytes(s: Setup) -> float:
     """Bytes one decoder layer saves for backward, per micro-batch (see the module doc)."""
     c, e, t = s.model, BYTES[s.precision], s.tp
     sb = s.seq * s.micro_batch
-    return sb * (6 * c.hidden + 2) * e + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t \
-        + 4 * c.heads * sb / t
+    norms = sb * (4 * c.hidden + 2) * e / t + sb * 2 * c.hidden * e if s.sp else sb * (6 * c.hidden + 2) * e
+    return norms + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t + 4 * c.heads * sb / t
 
 
 def head_activation_bytes(s: Setup) -> float:
     """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
     c, e, sb = s.model, BYTES[s.precision], s.seq * s.micro_batch
-    return sb * (3 * c.hidden + 1) * e + 4 * sb * c.vocab / s.tp
+    norm = sb * (2 * c.hidden + 1) * e / s.tp + sb * c.hidden * e if s.sp else sb * (3 * c.hidden + 1) * e
+    return norm + 4 * sb * c.vocab / s.tp
 
 
 def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> float:
@@ -262,7 +272,8 @@ def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> 
 
 def _activation_formula(s: Setup) -> str:
     t = "" if s.tp == 1 else "/t"
-    layer = f"sb(6h+2) + sb(3h+2h_kv+4f){t} + 4as{t}·b"
+    norms = "sb(4h+2)/t + 2sbh" if s.sp else "sb(6h+2)"
+    layer = f"{norms} + sb(3h+2h_kv+4f){t} + 4as{t}·b"
     return (f"L·sbh + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
 
 

@@ -46,6 +46,7 @@ class ParallelAttention(nn.Module):
         q, k, v = qkv if isinstance(qkv, (tuple, list)) else qkv.split(self.widths, dim=-1)
         b, s = q.shape[:2]
         q, k, v = (y.reshape(b, s, -1, self.head_dim).transpose(1, 2) for y in (q, k, v))
+        v = v.contiguous()  # attention then saves v alone, not the whole fused q|k|v output it views
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))   # g (or reduce-scatter)

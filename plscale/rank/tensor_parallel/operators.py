@@ -30,6 +30,9 @@ import torch
 import torch.distributed as dist
 
 SEQ = 1
+# torch 2.13 renamed the tensor forms of all-gather and reduce-scatter (the old names warn)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Tally:
@@ -71,7 +74,7 @@ def all_gather_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     t = dist.get_world_size(group)
     front = x.transpose(0, SEQ).contiguous()           # the sequence first: gathered slices stack on dim 0
     out = front.new_empty((front.shape[0] * t, *front.shape[1:]))
-    dist.all_gather_into_tensor(out, front, group=group)
+    all_gather_single(out, front, group=group)
     TALLY.add("all_gather", phase, _bytes(out))
     return out.transpose(0, SEQ).contiguous()
 
@@ -84,7 +87,7 @@ def reduce_scatter_sequence_(x: torch.Tensor, group, phase: str) -> torch.Tensor
         raise ValueError(f"sequence of {front.shape[0]} tokens does not split over {t} ranks")
     out = front.new_empty((front.shape[0] // t, *front.shape[1:]))
     TALLY.add("reduce_scatter", phase, _bytes(front))
-    dist.reduce_scatter_tensor(out, front, group=group)
+    reduce_scatter_single(out, front, group=group)
     return out.transpose(0, SEQ).contiguous()
 
 

@@ -1,0 +1,243 @@
+"""Lab 07: tensor and sequence parallelism. Megatron's layers by hand, and the production paths beside them.
+
+Every weight matrix of the Llama-shaped model is split across the t ranks of a
+tensor-parallel group: q, k, v and the MLP's gate and up by columns (each rank its heads,
+its slice of the MLP), o and down by rows, the embedding and the tied head by vocabulary.
+The operators f and g (plscale/rank/tensor_parallel/operators.py) glue the halves: one
+all-reduce per block forward, one backward. With sequence parallelism the norms and the
+residual stream hold a t-th of the sequence, and each all-reduce becomes a reduce-scatter
+and an all-gather. DeepSpeed trains the split model, told the mesh's groups (MegatronMPU),
+so with data parallel too it all-reduces gradients over the data-parallel groups only.
+
+The lab checks that the split model follows the dense model's loss, counts every
+collective of a step against Megatron's count (plscale estimate tp), measures parameters,
+optimizer states and activations per rank against the memory model, and trains the
+production paths (DTensor, DeepSpeed AutoTP, megatron-core) from the same weights on the
+same batches: their losses must agree, and their step times are compared.
+
+    plscale lab run tp --gpus 2            (tp-sp: sequence parallel; tp-dp: tp 2 x dp 2 on 4 ranks)
+    deepspeed --num_gpus 2 labs/07_tensor_parallel/train.py --variant tp-sp   (DS_ACCELERATOR=cpu without GPUs)
+    torchrun --nproc_per_node 4 labs/07_tensor_parallel/train.py --variant tp-dp
+"""
+
+import copy
+import statistics
+import time
+from dataclasses import replace
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from plscale import plots
+from plscale.predict import memory, tensor_parallel as predict
+from plscale.predict.memory import LABELS, MODEL_STATES
+from plscale.predict.presets import param_count, preset
+from plscale.rank import runtime
+from plscale.rank.census import census, saved_activations, zero_states
+from plscale.rank.data import wikitext
+from plscale.rank.mesh import MegatronMPU, Mesh
+from plscale.rank.metrics import figure
+from plscale.rank.models.llama import Llama
+from plscale.rank.pipeline.stages import optimizer
+from plscale.rank.tensor_parallel import operators as ops, side_by_side
+from plscale.rank.tensor_parallel.llama import TensorParallelLlama
+
+MiB = 2**20
+ctx = runtime.start(__file__)
+S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
+T, sp, seq, seed = S["parallel"]["tp"], S["tp"]["sequence_parallel"], S["model"]["seq"], S["seed"]
+micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+
+# ---- The mesh: which ranks split each layer (tp), which hold the same shards (dp) ---------
+mesh = Mesh.build(tp=T, dims=("tp", "dp", "pp", "tp-pp"))
+tp_group, dp, replica = mesh.group("tp"), mesh.size("dp"), mesh.rank_in("dp")
+ctx.log(f"mesh: {mesh.layout}\n"
+        f"  tensor-parallel groups (tp): {mesh.layout.groups('tp')}   each layer split across these ranks\n"
+        f"  data-parallel groups (dp):   {mesh.layout.groups('dp')}   the same shards, other batches")
+if ctx.is_main:
+    plots.mesh_grid(mesh.layout, ctx.run_dir / "mesh.png")
+
+# ---- Data: WikiText-2 blocks; every rank of a tensor-parallel group reads its replica's batch --
+corpus = wikitext.load_text()
+tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
+vocab = -(-tokens.vocab // T) * T  # Megatron pads the vocabulary to a multiple of tp
+config = preset(S["model"]["preset"]).with_vocab(vocab)
+blocks = wikitext.pack(tokens.train, seq)
+shards = [wikitext.Shards(blocks, micro, accum, r, dp, seed) for r in range(dp)]
+
+
+def batch(step: int, of_replica: int = replica) -> list:
+    return [(b[:, :-1].to(dev), b[:, 1:].to(dev)) for b in shards[of_replica].step(step)]
+
+
+ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, vocabulary {tokens.vocab}"
+        f"{f' padded to {vocab}' if vocab != tokens.vocab else ''}")
+
+# ---- The model: the dense Llama, built alike on every rank; each rank keeps its shards -----
+torch.manual_seed(seed)
+dense = Llama(config)
+initial = copy.deepcopy(dense.state_dict())
+model = TensorParallelLlama(config, tp_group, sequence_parallel=sp)
+model.load_dense(dense)
+engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds, mpu=MegatronMPU(mesh))
+split = predict.params_per_rank(config, T)
+mine = sum(p.numel() for p in model.parameters())
+ctx.log(f"\nmodel: Llama-shaped {S['model']['preset']!r}, Ψ = {param_count(config):,} parameters; split over tp {T}"
+        f"{' with sequence parallelism' if sp else ''}: each rank holds {mine:,} = {split.sharded:,} sharded "
+        f"(Ψ/{T} less the norms) + {split.replicated:,} replicated norm weights")
+ctx.check("parameters per rank as predicted", mine == split.total,
+          f"{mine:,} held, {split.total:,} predicted (plscale estimate tp)")
+
+
+# ---- Training: DeepSpeed steps the shards; one step's collectives tallied, its memory counted --
+def train_step(step: int, measure: bool):
+    """One optimizer step on this replica's micro-batches; (loss, census) with the census taken
+    after the last backward, while the gradients are live, when `measure`."""
+    total, counted = 0.0, {}
+    for i, (x, y) in enumerate(batch(step)):
+        loss = engine(x, y)
+        engine.backward(loss)
+        total += loss.item()
+    model.sync_replicated_grads()  # sequence parallel: each rank's norm gradients cover its tokens
+    if measure:
+        counted = census(zero_states(engine))
+    engine.step()
+    return total / accum, counted
+
+
+steps, census_step = S["train"]["steps"], S["memory"]["census_step"]
+losses, times, tally, measured = [], [], {}, {}
+for step in range(steps):
+    ops.TALLY.reset()
+    t0 = time.perf_counter()
+    loss, counted = train_step(step, step == census_step)
+    times.append(time.perf_counter() - t0)
+    if step == census_step:
+        tally, measured = ops.TALLY.rows(), counted
+    mean = torch.tensor([loss], dtype=torch.float64)
+    dist.all_reduce(mean, group=mesh.group("dp"))
+    losses.append(mean.item() / dp)
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
+                     tokens_per_s=micro * accum * dp * seq / times[-1])
+    ctx.metrics.progress(f"tp {T}{' + sp' if sp else ''}", step + 1, steps, f"loss {losses[-1]:.4f}")
+
+
+# ---- Parity: the dense model trained on the same batches (rank 0) --------------------------
+def dense_losses(count: int) -> list:
+    reference = Llama(config).to(dev)
+    reference.load_state_dict(initial)
+    opt, out = optimizer(reference.parameters(), ds), []
+    for step in range(count):
+        everyone = [mb for r in range(dp) for mb in batch(step, r)]
+        loss = sum(reference(x, y) for x, y in everyone) / len(everyone)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+parity = min(S["train"]["parity_steps"], steps)
+if ctx.is_main and parity:
+    want = dense_losses(parity)
+    gap = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+    ctx.log("\nloss, tensor-parallel vs dense: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
+    ctx.check("the split model follows the dense model's loss", gap <= 1e-5,
+              f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
+
+# ---- Collectives of one step in the tensor-parallel group, against the prediction ----------
+rows = predict.collectives(config, T, seq, micro, "fp32", sp=sp, micro_batches=accum)
+want = {}
+for row in rows:
+    calls, nbytes = want.get((row.op, row.phase), (0, 0))
+    want[(row.op, row.phase)] = (calls + row.calls, nbytes + row.total)
+if ctx.is_main:
+    ctx.log(f"\ncollectives per step in the tensor-parallel group (step {census_step}, rank 0), measured / predicted")
+    for key in sorted(set(want) | set(tally)):
+        (c, b), (pc, pb) = tally.get(key, (0, 0)), want.get(key, (0, 0))
+        ctx.log(f"  {key[0]:15}{key[1]:9}{c:5} / {pc:<5} calls {b / MiB:9.3f} / {pb / MiB:.3f} MiB")
+    for row in rows:
+        ctx.log(f"    predicted: {row.op:15}{row.phase:9}{row.calls:4} x {row.bytes / MiB:.3f} MiB  {row.where}")
+    paper = predict.megatron_paper_count(config.layers)
+    ctx.log(f"  Megatron-LM: 2 all-reduces per layer forward (g) and 2 backward (f): {paper['forward']} and "
+            f"{paper['backward']} for {config.layers} layers" + (", each an all-gather and a reduce-scatter under "
+                                                                   "sequence parallelism" if sp else ""))
+    ctx.check("collectives per step as predicted", tally == want,
+              f"{sum(c for c, _ in tally.values())} calls, {sum(b for _, b in tally.values()) / MiB:.2f} MiB "
+              f"measured; {sum(c for c, _ in want.values())} calls predicted")
+
+# ---- Memory per rank: model states and activations against the memory model ---------------
+setup = replace(memory.setup_from_ds_config(ds, dp, config, seq), tp=T, sp=sp)
+predicted = {t.name: t.total for t in memory.estimate(setup).terms}
+x, y = batch(0)[0]
+acts = {}
+for label, build in (("dense (one rank)", None), ("tp", False), ("tp + sp", True)):
+    net = dense.to(dev) if build is None else TensorParallelLlama(config, tp_group, build).to(dev)
+    if build is not None:
+        net.load_dense(dense)
+    with saved_activations() as saved:
+        net(x, y)
+    acts[label] = (saved.bytes, memory.activation_bytes(replace(setup, tp=1 if build is None else T,
+                                                                sp=bool(build))))
+everyone = [None] * ctx.world_size
+dist.all_gather_object(everyone, measured)
+figures = []
+if ctx.is_main:
+    ctx.log(f"\nmemory per rank, MiB (census after step {census_step}'s backward), predicted with tp {T}")
+    for name in (*MODEL_STATES, "model_states"):
+        values = [sum(m[k] for k in MODEL_STATES) if name == "model_states" else m[name] for m in everyone]
+        guess = sum(predicted[k] for k in MODEL_STATES) if name == "model_states" else predicted[name]
+        error = max(abs(v - guess) for v in values) / guess if guess else 0.0
+        ctx.log(f"  {LABELS[name]:26}" + "".join(f"{v / MiB:9.2f}" for v in values) + f"   predicted "
+                f"{guess / MiB:8.2f}   error {100 * error:.1f}%")
+        figures.append(figure(f"{LABELS[name]} per rank (max)", round(max(values) / MiB, 3), "MiB",
+                              round(guess / MiB, 3), f"error {100 * error:.1f}%"))
+    halves = 16 * param_count(config) / T
+    states = max(sum(m[k] for k in MODEL_STATES) for m in everyone)
+    ctx.log(f"  the dense model's states / {T}: {halves / MiB:.2f} MiB; plus the replicated norms "
+            f"(16 bytes x {split.replicated:,}): {(halves + 16 * split.replicated * (T - 1) / T) / MiB:.2f} MiB")
+    worst = max(abs(sum(m[k] for k in MODEL_STATES) - figures[-1]["predicted"] * MiB) for m in everyone)
+    ctx.check("model states per rank match the model", worst / (figures[-1]["predicted"] * MiB)
+              <= S["memory"]["tolerance"], f"worst rank off by {100 * worst / (figures[-1]['predicted'] * MiB):.2f}%")
+    ctx.log(f"\nactivations saved for backward, one micro-batch of {micro} x {seq}, MiB, measured / predicted")
+    for label, (got, guess) in acts.items():
+        ctx.log(f"  {label:18}{got / MiB:9.3f} / {guess / MiB:.3f}   error {100 * abs(got - guess) / guess:.1f}%")
+        figures.append(figure(f"activations, {label}", round(got / MiB, 3), "MiB", round(guess / MiB, 3)))
+    off = max(abs(got - guess) / guess for got, guess in acts.values())
+    ctx.check("activations match the memory model", off <= S["memory"]["tolerance"],
+              f"worst off by {100 * off:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
+    figures.append(figure("model states per rank vs dense / tp", round(states / MiB, 3), "MiB", round(halves / MiB, 3)))
+
+# ---- The production paths: same weights, same batches, side by side ------------------------
+warm = [t for i, t in enumerate(times) if i not in (0, census_step)] or times
+hand_s = statistics.median(warm)
+compared = {}
+names = S["tp"]["compare"] if dp == 1 else []
+if S["tp"]["compare"] and dp > 1:
+    ctx.log("\n(production paths compared where the tensor-parallel group is the world: dp 1)")
+for name in names:
+    result = side_by_side.run(name, config, initial, mesh, ds, sp, batch, S["tp"]["compare_steps"], ctx.log, dev)
+    if result is not None:
+        compared[name] = result
+if ctx.is_main and compared:
+    ctx.log(f"\nthe production paths beside the hand-written layers, {S['tp']['compare_steps']} steps each")
+    ctx.log(f"  {'path':12}{'largest loss gap':>18}{'step time':>12}{'vs hand-written':>18}")
+    ctx.log(f"  {'hand-written':12}{'':>18}{1e3 * hand_s:10.1f}ms{1.0:17.2f}x")
+    for name, (path_losses, step_s) in compared.items():
+        gap = max(abs(a - b) / abs(b) for a, b in zip(path_losses, losses))
+        ctx.log(f"  {name:12}{gap:18.2e}{1e3 * step_s:10.1f}ms{step_s / hand_s:17.2f}x")
+        ctx.check(f"{name} agrees with the hand-written layers", gap <= 1e-5,
+                  f"largest relative loss gap {gap:.2e} over {len(path_losses)} steps (tolerance 1e-5)")
+        figures.append(figure(f"step time, {name} / hand-written", round(step_s / hand_s, 3), "x"))
+
+if ctx.is_main:
+    figures += [figure("final loss", round(losses[-1], 4), "nats"),
+                figure("step time", round(hand_s, 4), "s", None, "median, warm-up and census steps left out"),
+                figure("throughput", round(micro * accum * dp * seq / hand_s, 1), "tokens/s", None, "all replicas")]
+    ctx.log("\nmesh.png: the ranks of this run's tp x dp grid")
+ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, tp=T, dp=dp,
+           sequence_parallel=sp, losses=losses, params_per_rank=mine,
+           collectives={f"{op} {phase}": list(v) for (op, phase), v in tally.items()},
+           activations={k: list(v) for k, v in acts.items()},
+           compared={k: {"losses": v[0], "step_s": v[1]} for k, v in compared.items()})
