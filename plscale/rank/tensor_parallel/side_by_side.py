@@ -4,6 +4,7 @@ Each path starts from the dense model's initial weights (`initial`, a state dict
 `steps` optimizer steps on `batch(step)` with AdamW as the run's DeepSpeed config sets it,
 and returns its losses and median step time (the first step, a warm-up, left out):
 
+    hand-written  plscale's tensor-parallel Llama (layers.py), with torch's AdamW like the others
     dtensor    PyTorch DTensor: parallelize_module with Colwise/Rowwise (and SequenceParallel)
     autotp     DeepSpeed AutoTP: the dense model handed to deepspeed.initialize with
                tensor_parallel.autotp_size; DeepSpeed finds the projections and splits them
@@ -54,6 +55,10 @@ def build(name: str, config, initial: dict, mesh, ds: dict, sp: bool, log, devic
     dense = Llama(config)
     dense.load_state_dict(initial)
     group, tp = mesh.group("tp"), mesh.size("tp")
+    if name == "hand-written":
+        model = TensorParallelLlama(config, group, sequence_parallel=sp).to(device)
+        model.load_dense(dense)
+        return _torch_step(model, optimizer(model.parameters(), ds))
     if name == "dtensor":
         model = dtensor_path.parallelize(dense.to(device), group, sequence_parallel=sp)
         return _torch_step(model, optimizer(model.parameters(), ds))

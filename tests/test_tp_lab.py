@@ -1,0 +1,85 @@
+"""Lab 07 end to end through the real CLI on CPU ranks: the hand-written tensor-parallel Llama
+follows the dense model's loss (tp 2, tp 2 with sequence parallelism, tp 2 x dp 2 on 4 ranks),
+its collectives per step are Megatron's count, its memory per rank the memory model's, and the
+production paths (DTensor, DeepSpeed AutoTP, megatron-core when installed) agree with it. Bad
+input is refused in one line before launch."""
+
+import pytest
+
+from conftest import load_summary
+from plscale.predict import tensor_parallel as predict
+from plscale.predict.presets import preset
+
+FAST = ["--cpu", "--steps", "4", "--set", "model.preset=tiny", "--set", "model.seq=32",
+        "--set", "tp.compare_steps=2", "--set", "train.parity_steps=2"]
+
+
+def run_lab(cli, variant: str, *extra) -> tuple[dict, object]:
+    out = cli("lab", "run", "tp", "--variant", variant, *FAST, *extra)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = sorted(p for p in cli.runs.iterdir() if p.name.endswith(f"tp-{variant}"))[-1]
+    assert (run_dir / "mesh.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return load_summary(run_dir), out
+
+
+def predicted_tally(summary: dict, sp: bool) -> dict:
+    """The lab's tally keys ('op phase' -> [calls, bytes]) as plscale estimate tp predicts them."""
+    config = preset("tiny").with_vocab(summary["vocab"])
+    want = {}
+    for row in predict.collectives(config, summary["tp"], 32, 4, "fp32", sp=sp):
+        calls, nbytes = want.get(f"{row.op} {row.phase}", [0, 0])
+        want[f"{row.op} {row.phase}"] = [calls + row.calls, nbytes + row.total]
+    return want
+
+
+@pytest.mark.e2e
+def test_tensor_parallel_matches_dense_and_the_production_paths(cli):
+    s, out = run_lab(cli, "tp")
+    assert s["passed"], s["checks"]
+    names = {c["name"] for c in s["checks"]}
+    for check in ("the split model follows the dense model's loss", "collectives per step as predicted",
+                  "model states per rank match the model", "activations match the memory model",
+                  "dtensor agrees with the DeepSpeed-trained run", "autotp agrees with the DeepSpeed-trained run"):
+        assert check in names, names
+    assert s["collectives"] == predicted_tally(s, sp=False)
+    assert set(s["collectives"]) == {"all_reduce forward", "all_reduce backward"}
+    assert {"dtensor", "autotp"} <= set(s["compared"])
+    assert "megatron" in s["compared"] or "megatron: skipped, megatron-core is not installed" in out.stdout
+    for path in s["compared"].values():  # same weights, same batches: the same losses
+        assert path["losses"] == pytest.approx(s["losses"][:2], rel=1e-5)
+    dense, tp, sp = (s["activations"][k][0] for k in ("dense (one rank)", "tp", "tp + sp"))
+    assert sp < tp < dense
+
+
+@pytest.mark.e2e
+def test_sequence_parallel_swaps_all_reduces_for_gathers_and_scatters(cli):
+    s, out = run_lab(cli, "tp-sp", "--set", "tp.compare=[dtensor,autotp]")
+    assert s["passed"], s["checks"]
+    assert s["collectives"] == predicted_tally(s, sp=True)
+    assert s["collectives"]["all_gather forward"][0] == s["collectives"]["reduce_scatter forward"][0]
+    assert "autotp: skipped" in out.stdout
+    assert s["compared"]["dtensor"]["losses"] == pytest.approx(s["losses"][:2], rel=1e-5)
+
+
+@pytest.mark.e2e
+def test_tensor_times_data_parallel_on_four_ranks(cli):
+    s, out = run_lab(cli, "tp-dp")
+    assert s["passed"], s["checks"]
+    assert (s["tp"], s["dp"]) == (2, 2)
+    assert "tensor-parallel groups (tp): [[0, 1], [2, 3]]" in out.stdout
+    assert "data-parallel groups (dp):   [[0, 2], [1, 3]]" in out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpus", "8", "--set", "model.preset=tiny", "--set", "parallel.tp=8"], "heads 4 of preset 'tiny' is not divisible by tp 8"),
+    (["--set", "parallel.tp=4"], "not a multiple of tp 4"),
+    (["--variant", "tp-sp", "--set", "model.seq=33"], "does not split into 2 sequence shards"),
+    (["--set", "tp.compare=[deepspeed]"], "unknown path 'deepspeed'"),
+    (["--set", "model.preset=7b"], "untied head"),
+    (["--variant", "tp-sp", "--set", "ds.stage=1"], "use ds.stage=0"),
+])
+def test_bad_input_is_refused_before_launch(cli, args, message):
+    out = cli("lab", "run", "tp", "--cpu", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr + out.stdout
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
