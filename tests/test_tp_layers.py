@@ -74,6 +74,47 @@ def _cases(rank, world):
         out[f"mlp sp={sp} output"] = _gap(yp, want_y)
         out[f"mlp sp={sp} input grad"] = _gap(xin.grad, want_gx)
 
+    # Attention alone (grouped-query: 8 query heads, 4 key/value heads, split over the ranks)
+    from plscale.rank.models.llama import Attention, rope_tables
+    from plscale.rank.tensor_parallel.llama import ParallelAttention
+    torch.manual_seed(2)
+    attn = Attention(CONFIG).double()
+    cos, sin = rope_tables(CONFIG.head_dim, S, CONFIG.rope_theta)
+    xa = x.detach().clone().requires_grad_()
+    attn(xa, cos, sin).pow(2).sum().backward()
+    par = ParallelAttention(CONFIG, group, False, layers.ColumnParallelLinear, layers.RowParallelLinear).double()
+    par.qkv.load_shard(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    par.o_proj.load_shard(attn.o_proj.weight)
+    xp = x.detach().clone().requires_grad_()
+    yp = par(xp, cos, sin)
+    out["attention output"] = _gap(yp, attn(x.detach(), cos, sin))
+    yp.pow(2).sum().backward()
+    twin = ParallelAttention(CONFIG, group, False, layers.ColumnParallelLinear, layers.RowParallelLinear).double()
+    twin.qkv.load_shard(attn.q_proj.weight.grad, attn.k_proj.weight.grad, attn.v_proj.weight.grad)
+    twin.o_proj.load_shard(attn.o_proj.weight.grad)
+    out["attention grads"] = max(_gap(xp.grad, xa.grad), _gap(par.qkv.weight.grad, twin.qkv.weight),
+                                 _gap(par.o_proj.weight.grad, twin.o_proj.weight))
+
+    # Vocabulary-parallel embedding and cross-entropy alone
+    table = torch.randn(CONFIG.vocab, CONFIG.hidden, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, CONFIG.vocab, (B, S), generator=g)
+    torch.nn.functional.embedding(ids, table).pow(2).sum().backward()
+    emb = layers.VocabParallelEmbedding(CONFIG.vocab, CONFIG.hidden, group).double()
+    emb.load_shard(table.detach())
+    e = emb(ids)
+    out["embedding output"] = _gap(e, torch.nn.functional.embedding(ids, table.detach()))
+    e.pow(2).sum().backward()
+    out["embedding grads"] = _gap(emb.weight.grad, table.grad[emb.start:emb.end])
+    logits = torch.randn(B, S, CONFIG.vocab, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, CONFIG.vocab, (B, S), generator=g)
+    want_loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    want_loss.backward()
+    mine = logits.detach()[..., emb.start:emb.end].clone().requires_grad_()
+    got = layers.vocab_parallel_cross_entropy(mine, targets, emb.start, group)
+    got.backward()
+    out["cross-entropy loss"] = abs(got.item() - want_loss.item())
+    out["cross-entropy grads"] = _gap(mine.grad, logits.grad[..., emb.start:emb.end])
+
     # The whole model: loss and every gradient, without and with sequence parallelism
     torch.manual_seed(1)
     dense = Llama(CONFIG).double()
@@ -118,7 +159,9 @@ def results(tmp_path_factory):
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("case", ["mlp sp=False output", "mlp sp=False input grad", "mlp sp=True output",
                                   "mlp sp=True input grad", "model sp=False loss", "model sp=False grads",
-                                  "model sp=True loss", "model sp=True grads"])
+                                  "model sp=True loss", "model sp=True grads", "attention output",
+                                  "attention grads", "embedding output", "embedding grads",
+                                  "cross-entropy loss", "cross-entropy grads"])
 def test_parallel_equals_dense(results, world, case):
     gaps = [results[(world, r)][case] for r in range(world)]
     assert max(gaps) <= TOL, f"{case} at tp {world}: largest gap {max(gaps):.3g}"
