@@ -158,7 +158,8 @@ if ctx.is_main:
         (c, b), (pc, pb) = tally.get(key, (0, 0)), want.get(key, (0, 0))
         ctx.log(f"  {key[0]:15}{key[1]:9}{c:5} / {pc:<5} calls {b / MiB:9.3f} / {pb / MiB:.3f} MiB")
     for row in rows:
-        ctx.log(f"    predicted: {row.op:15}{row.phase:9}{row.calls:4} x {row.bytes / MiB:.3f} MiB  {row.where}")
+        size = f"{row.bytes / MiB:.3f} MiB" if row.bytes >= MiB / 100 else f"{row.bytes / 1024:.1f} KiB"
+        ctx.log(f"    predicted: {row.op:15}{row.phase:9}{row.calls:4} x {size:>10}  {row.where}")
     paper = predict.megatron_paper_count(config.layers)
     ctx.log(f"  Megatron-LM: 2 all-reduces per layer forward (g) and 2 backward (f): {paper['forward']} and "
             f"{paper['backward']} for {config.layers} layers" + (", each an all-gather and a reduce-scatter under "
@@ -185,6 +186,7 @@ dist.all_gather_object(everyone, measured)
 figures = []
 if ctx.is_main:
     ctx.log(f"\nmemory per rank, MiB (census after step {census_step}'s backward), predicted with tp {T}")
+    ctx.log(f"  {'':26}" + "".join(f"{'rank ' + str(r):>9}" for r in range(ctx.world_size)))
     for name in (*MODEL_STATES, "model_states"):
         values = [sum(m[k] for k in MODEL_STATES) if name == "model_states" else m[name] for m in everyone]
         guess = sum(predicted[k] for k in MODEL_STATES) if name == "model_states" else predicted[name]

@@ -36,6 +36,10 @@ MEANING = {
                                 "boundary, compute rises by about a third.",
     "checkpoint.load_universal": "Load a universal checkpoint (every parameter whole, from "
                                  "`plscale ckpt convert --to universal`): resume at another world size or layout.",
+    "tensor_parallel.autotp_size": "DeepSpeed AutoTP: each decoder layer's linear weights split over this many "
+                                   "ranks (Megatron's column/row layers), shrinking their weights, gradients and "
+                                   "optimizer states per rank by it; embedding, norms and head stay whole. Costs "
+                                   "activation all-reduces: 2 per layer forward, 5 backward (q, k, v, gate, up).",
     "pipeline": "Pipeline-parallel settings: activation checkpoint interval between stages.",
     "comms_logger": "Log every collective's size and time: a little overhead, a table of communication.",
     "flops_profiler": "Profile FLOPs and latency of one step: overhead on the profiled step only.",

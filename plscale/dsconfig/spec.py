@@ -43,6 +43,7 @@ class DSSpec:
     pipe_activation_interval: int = 0    # pipeline: activation checkpoint every k layers
     steps_per_print: int = 1_000_000     # keep DeepSpeed's own step log quiet; plscale prints
     load_universal: bool = False         # load_checkpoint reads a universal checkpoint (plscale ckpt convert)
+    autotp_size: int = 0                 # DeepSpeed AutoTP: tensor-parallel ranks per group; 0 = off
 
     @classmethod
     def from_dict(cls, values: dict) -> "DSSpec":
@@ -69,8 +70,8 @@ class DSSpec:
                             f"or positive.")
         if self.bucket_size < 1:
             raise UserError(f"bucket_size must be at least 1 element (got {self.bucket_size}); 500000 suits CPUs.")
-        if self.warmup_steps < 0 or self.total_steps < 0 or self.pipe_activation_interval < 0:
-            raise UserError("warmup_steps, total_steps and pipe_activation_interval must be 0 or more.")
+        if self.warmup_steps < 0 or self.total_steps < 0 or self.pipe_activation_interval < 0 or self.autotp_size < 0:
+            raise UserError("warmup_steps, total_steps, pipe_activation_interval and autotp_size must be 0 or more.")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"Optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}.")
         if self.scheduler not in SCHEDULERS:
@@ -86,7 +87,9 @@ def build(spec: DSSpec) -> dict:
         "train_micro_batch_size_per_gpu": spec.micro_batch,
         "gradient_accumulation_steps": spec.grad_accum,
     }
-    if spec.world_size:
+    # Under AutoTP, DeepSpeed checks train_batch_size against every rank, tensor-parallel ones
+    # included (it reads the config before it makes its groups): left for it to derive.
+    if spec.world_size and not spec.autotp_size:
         config["train_batch_size"] = spec.micro_batch * spec.grad_accum * spec.world_size
     # Always explicit: DeepSpeed clips at 1.0 when the key is absent.
     config["gradient_clipping"] = spec.grad_clip
@@ -111,6 +114,8 @@ def build(spec: DSSpec) -> dict:
     if spec.flops_profiler:
         config["flops_profiler"] = {"enabled": True, "profile_step": 2, "module_depth": -1,
                                     "top_modules": 1, "detailed": False}
+    if spec.autotp_size:  # DeepSpeed shards the model's linears when it builds the engine
+        config["tensor_parallel"] = {"autotp_size": spec.autotp_size}
     if spec.load_universal:  # any world size and ZeRO stage 1-3; tag=None reads `latest_universal`
         config["checkpoint"] = {"load_universal": True}
     config["steps_per_print"] = spec.steps_per_print
