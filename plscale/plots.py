@@ -136,3 +136,28 @@ def mesh_grid(layout, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str = "MiB") -> None:
+    """One panel per entry of `panels` (panel title -> {bar label: (measured, predicted)}):
+    each label's measured bar (solid) beside its predicted one (hatched); None: not measured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for ax, (name, rows) in zip(axes.flat, panels.items()):
+        for i, (label, (got, want)) in enumerate(rows.items()):
+            for dx, value, style in ((-0.2, got, {}), (0.2, want, {"alpha": 0.45, "hatch": "//"})):
+                if value is None:
+                    continue
+                ax.bar(i + dx, value, 0.38, color="#4c72b0", edgecolor="white", **style)
+                ax.text(i + dx, value, f"{value:.3g}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(rows)), [f"{label}\n{'measured | predicted' if got is not None else 'predicted'}"
+                                         for label, (got, _) in rows.items()], fontsize=7)
+        ax.set_ylabel(unit)
+        ax.set_title(name, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -183,25 +183,26 @@ for label, build in (("dense (one rank)", None), ("tp", False), ("tp + sp", True
                                                                 sp=bool(build))))
 everyone = [None] * ctx.world_size
 dist.all_gather_object(everyone, measured)
+for m in everyone:
+    m["model_states"] = sum(m[k] for k in MODEL_STATES)
+predicted["model_states"] = sum(predicted[k] for k in MODEL_STATES)
+dense_states = memory.estimate(replace(setup, tp=1, sp=False)).model_states  # the same states, unsplit
 figures = []
 if ctx.is_main:
     ctx.log(f"\nmemory per rank, MiB (census after step {census_step}'s backward), predicted with tp {T}")
     ctx.log(f"  {'':26}" + "".join(f"{'rank ' + str(r):>9}" for r in range(ctx.world_size)))
     for name in (*MODEL_STATES, "model_states"):
-        values = [sum(m[k] for k in MODEL_STATES) if name == "model_states" else m[name] for m in everyone]
-        guess = sum(predicted[k] for k in MODEL_STATES) if name == "model_states" else predicted[name]
+        values, guess = [m[name] for m in everyone], predicted[name]
         error = max(abs(v - guess) for v in values) / guess if guess else 0.0
         ctx.log(f"  {LABELS[name]:26}" + "".join(f"{v / MiB:9.2f}" for v in values) + f"   predicted "
                 f"{guess / MiB:8.2f}   error {100 * error:.1f}%")
         figures.append(figure(f"{LABELS[name]} per rank (max)", round(max(values) / MiB, 3), "MiB",
                               round(guess / MiB, 3), f"error {100 * error:.1f}%"))
-    halves = 16 * param_count(config) / T
-    states = max(sum(m[k] for k in MODEL_STATES) for m in everyone)
-    ctx.log(f"  the dense model's states / {T}: {halves / MiB:.2f} MiB; plus the replicated norms "
-            f"(16 bytes x {split.replicated:,}): {(halves + 16 * split.replicated * (T - 1) / T) / MiB:.2f} MiB")
-    worst = max(abs(sum(m[k] for k in MODEL_STATES) - figures[-1]["predicted"] * MiB) for m in everyone)
-    ctx.check("model states per rank match the model", worst / (figures[-1]["predicted"] * MiB)
-              <= S["memory"]["tolerance"], f"worst rank off by {100 * worst / (figures[-1]['predicted'] * MiB):.2f}%")
+    ctx.log(f"  the dense model's states / {T}: {dense_states / T / MiB:.2f} MiB; with the replicated norms "
+            f"whole on every rank: {predicted['model_states'] / MiB:.2f} MiB")
+    worst = max(abs(m["model_states"] - predicted["model_states"]) for m in everyone) / predicted["model_states"]
+    ctx.check("model states per rank match the model", worst <= S["memory"]["tolerance"],
+              f"worst rank off by {100 * worst:.2f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
     ctx.log(f"\nactivations saved for backward, one micro-batch of {micro} x {seq}, MiB, measured / predicted")
     for label, (got, guess) in acts.items():
         ctx.log(f"  {label:18}{got / MiB:9.3f} / {guess / MiB:.3f}   error {100 * abs(got - guess) / guess:.1f}%")
@@ -209,7 +210,14 @@ if ctx.is_main:
     off = max(abs(got - guess) / guess for got, guess in acts.values())
     ctx.check("activations match the memory model", off <= S["memory"]["tolerance"],
               f"worst off by {100 * off:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
-    figures.append(figure("model states per rank vs dense / tp", round(states / MiB, 3), "MiB", round(halves / MiB, 3)))
+    states = max(m["model_states"] for m in everyone)
+    figures.append(figure(f"model states per rank vs dense / {T}", round(states / MiB, 3), "MiB",
+                          round(dense_states / T / MiB, 3), "the replicated norms make the difference"))
+    plots.measured_vs_predicted(ctx.run_dir / "memory.png", {
+        "model states per rank": {"dense": (None, dense_states / MiB), f"tp {T}": (states / MiB,
+                                                                                 predicted["model_states"] / MiB)},
+        f"activations, one micro-batch of {micro} x {seq}": {k: (a / MiB, b / MiB) for k, (a, b) in acts.items()}},
+        f"memory per rank: {S['model']['preset']!r} split over tp {T} (dense: predicted only)")
 
 # ---- The production paths: same weights, same batches, side by side ------------------------
 # Each trains compare_steps steps from the initial weights; the hand-written layers run again
@@ -241,7 +249,7 @@ if ctx.is_main:
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("step time", round(step_s, 4), "s", None, "DeepSpeed engine; median, warm-up and census steps left out"),
                 figure("throughput", round(micro * accum * dp * seq / step_s, 1), "tokens/s", None, "all replicas")]
-    ctx.log("\nmesh.png: the ranks of this run's tp x dp grid")
+    ctx.log("\nmesh.png: the ranks of this run's tp x dp grid; memory.png: memory per rank against the model")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, tp=T, dp=dp, vocab=vocab,
            sequence_parallel=sp, losses=losses, params_per_rank=mine,
            collectives={f"{op} {phase}": list(v) for (op, phase), v in tally.items()},
