@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from plscale import plots
 from plscale.predict import memory, tensor_parallel as predict
+from plscale.predict.busbw import bus_factor
 from plscale.predict.memory import LABELS, MODEL_STATES
 from plscale.predict.presets import param_count, preset
 from plscale.rank import runtime
@@ -147,16 +148,21 @@ if ctx.is_main and parity:
               f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
 
 # ---- Collectives of one step in the tensor-parallel group, against the prediction ----------
+figures = []
 rows = predict.collectives(config, T, seq, micro, "fp32", sp=sp, micro_batches=accum)
 want = {}
 for row in rows:
     calls, nbytes = want.get((row.op, row.phase), (0, 0))
     want[(row.op, row.phase)] = (calls + row.calls, nbytes + row.total)
 if ctx.is_main:
+    # bytes: each call's whole tensor (nccl-tests' S); on the wire, what a ring makes each rank send
     ctx.log(f"\ncollectives per step in the tensor-parallel group (step {census_step}, rank 0), measured / predicted")
+    wire = 0.0
     for key in sorted(set(want) | set(tally)):
         (c, b), (pc, pb) = tally.get(key, (0, 0)), want.get(key, (0, 0))
-        ctx.log(f"  {key[0]:15}{key[1]:9}{c:5} / {pc:<5} calls {b / MiB:9.3f} / {pb / MiB:.3f} MiB")
+        wire += b * bus_factor(key[0], T)
+        ctx.log(f"  {key[0]:15}{key[1]:9}{c:5} / {pc:<5} calls {b / MiB:9.3f} / {pb / MiB:.3f} MiB   "
+                f"{b * bus_factor(key[0], T) / MiB:7.3f} MiB on the wire")
     for row in rows:
         size = f"{row.bytes / MiB:.3f} MiB" if row.bytes >= MiB / 100 else f"{row.bytes / 1024:.1f} KiB"
         ctx.log(f"    predicted: {row.op:15}{row.phase:9}{row.calls:4} x {size:>10}  {row.where}")
@@ -164,6 +170,10 @@ if ctx.is_main:
     ctx.log(f"  Megatron-LM: 2 all-reduces per layer forward (g) and 2 backward (f): {paper['forward']} and "
             f"{paper['backward']} for {config.layers} layers" + (", each an all-gather and a reduce-scatter under "
                                                                    "sequence parallelism" if sp else ""))
+    ctx.log(f"  each rank sends {wire / MiB:.2f} MiB per step through a ring (x 2(t-1)/t for an all-reduce, "
+            f"(t-1)/t for an all-gather or a reduce-scatter)")
+    figures.append(figure("tensor-parallel traffic per rank per step", round(wire / MiB, 3), "MiB", None,
+                          "sent through a ring, all collectives of the tp group"))
     ctx.check("collectives per step as predicted", tally == want,
               f"{sum(c for c, _ in tally.values())} calls, {sum(b for _, b in tally.values()) / MiB:.2f} MiB "
               f"measured; {sum(c for c, _ in want.values())} calls predicted")
@@ -187,7 +197,6 @@ for m in everyone:
     m["model_states"] = sum(m[k] for k in MODEL_STATES)
 predicted["model_states"] = sum(predicted[k] for k in MODEL_STATES)
 dense_states = memory.estimate(replace(setup, tp=1, sp=False)).model_states  # the same states, unsplit
-figures = []
 if ctx.is_main:
     ctx.log(f"\nmemory per rank, MiB (census after step {census_step}'s backward), predicted with tp {T}")
     ctx.log(f"  {'':26}" + "".join(f"{'rank ' + str(r):>9}" for r in range(ctx.world_size)))
