@@ -30,31 +30,34 @@ and what the hand-written layers cost at tp=1 against the dense Llama.
    (cuda when available, else cpu with 1 thread, as each rank), the same loop, weights and
    batches, alternating for --interleave rounds; tokens/s each and their ratio.
 
-Measured on this machine (2 CPU cores, date 2026-11-23), `--interleave 4` (otherwise the
+Measured on this machine (2 CPU cores, 2026-11-23), `--interleave 3` (otherwise the
 defaults: 'small', vocab 8192, hidden 256, 4 layers; seq 128, micro batch 4, 512 tokens per
-step, 8 steps), while other processes took 42% of the CPU (the wall-clock columns swing up to
-2x from round to round; the CPU columns moved by at most 11% between two runs):
+step, 8 steps), with the machine otherwise idle (other processes: 0% of the CPU):
 
     path            sp   step ms  tokens/s  vs hand-written   loss gap   CPU ms  CPU vs h-w
-    hand-written    no     307.2      1666            1.00x    0.0e+00      364       1.00x
-    dtensor         no     449.0      1140            1.46x    1.1e-07      552       1.52x
-    autotp          no     388.3      1319            1.26x    2.1e-07      494       1.36x
-    megatron        no     371.7      1378            1.21x    0.0e+00      362       1.00x
-    hand-written   yes     409.1      1252            1.00x    0.0e+00      398       1.00x
-    dtensor        yes     631.6       811            1.54x    2.1e-07      684       1.72x
+    hand-written    no     250.5      2044            1.00x    0.0e+00      428       1.00x
+    dtensor         no     353.2      1450            1.41x    1.1e-07      612       1.43x
+    autotp          no     350.4      1461            1.40x    2.1e-07      591       1.38x
+    megatron        no     235.6      2173            0.94x    0.0e+00      409       0.95x
+    hand-written   yes     273.3      1873            1.00x    0.0e+00      450       1.00x
+    dtensor        yes     401.5      1275            1.48x    2.1e-07      709       1.60x
     autotp         yes   skipped: DeepSpeed AutoTP splits layers, not sequences
     megatron       yes   skipped: megatron-core sequence parallelism needs CUDA
 
-    tp=1, one process on cpu, 1 thread (others took 4% of the CPU):
+    tp=1, one process on cpu, 1 thread:
     model            step ms  tokens/s  vs dense   CPU ms  CPU vs dense
-    dense              264.9      1933     1.00x      266         1.00x
-    tp=1 layers        290.4      1763     1.10x      291         1.09x
+    dense              307.2      1666     1.00x      310         1.00x
+    tp=1 layers        310.1      1651     1.01x      312         1.01x
 
-Every path's losses agree with hand-written's within 2.1e-7 (tolerance 1e-5). By CPU per
-step: megatron-core's layers cost what the hand-written ones do, AutoTP about 1.35x and
-DTensor 1.4-1.5x (1.6-1.7x with sequence parallelism); the hand-written layers at tp=1 cost
-some 5-10% over the dense Llama. On 2 shared cores the two 1-thread ranks and gloo's
-collectives compete for the same cores: on GPUs (NCCL) the picture differs.
+A second idle run gave the same ratios within 0.07 (megatron 1.01x, autotp 1.42x); with
+other processes taking 40% of the CPU, single rounds swung up to 2x, the CPU columns much
+less. Every path's losses agree with hand-written's within 2.1e-7 (tolerance 1e-5).
+megatron-core's layers cost what the hand-written ones do (0.94-1.01x); AutoTP (which
+all-reduces q, k, v, gate and up separately in backward) and DTensor (its dispatch on every
+op) about 1.4x. Sequence parallelism costs 1.1x on CPU, where nothing overlaps the extra
+calls. The parallel layers at tp=1 cost 1% over the dense Llama. On 2 shared cores the two
+1-thread ranks and gloo's collectives compete for the same cores: on GPUs (NCCL) the
+picture differs.
 """
 
 import argparse
