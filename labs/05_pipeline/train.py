@@ -31,7 +31,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.models.llama_pieces import piece_names
-from plscale.rank.pipeline.stages import optimizer
+from plscale.rank.optim import optimizer
 
 MiB = 2**20
 ctx = runtime.start(__file__)

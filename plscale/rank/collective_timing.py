@@ -10,12 +10,9 @@ import torch
 import torch.distributed as dist
 
 from plscale.predict.busbw import bandwidths, element_count
+from plscale.rank.distributed import all_gather_single, reduce_scatter_single
 from plscale.rank.parallel.naive import naive_all_reduce
 from plscale.rank.parallel.ring import ring_all_reduce
-
-# torch 2.13 renamed the single-tensor forms; older releases have only the old names.
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def buffers(op: str, count: int, dtype: torch.dtype, device) -> tuple:

@@ -11,6 +11,11 @@ import torch
 import torch.distributed as dist
 
 
+# torch 2.13 renamed the tensor forms of all-gather and reduce-scatter (the old names warn)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 @dataclass
 class Dist:
     rank: int

@@ -72,7 +72,7 @@ def main() -> None:
         reached("all_reduce", all_reduce=x.item() == n * (n + 1) / 2)
 
         ids = torch.empty(n, device=device)
-        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
+        from plscale.rank.distributed import all_gather_single as all_gather
         entering("all_gather")
         all_gather(ids, torch.tensor([float(rank)], device=device))
         reached("all_gather", all_gather=ids.tolist() == list(map(float, range(n))))

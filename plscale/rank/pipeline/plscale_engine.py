@@ -19,7 +19,8 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama_pieces import build_pieces, loss_fn
 from plscale.rank.parallel.p2p import StageLinks
 from plscale.rank.parallel.pipeline import Schedule
-from plscale.rank.pipeline.stages import TiedGroups, mean_loss, one_shape, optimizer, split, sync_grads
+from plscale.rank.optim import optimizer
+from plscale.rank.pipeline.stages import TiedGroups, mean_loss, one_shape, split, sync_grads
 
 
 class PlscalePipeline:

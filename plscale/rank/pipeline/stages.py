@@ -1,5 +1,5 @@
-"""What every pipeline engine of the lab shares: where the stages cut the model, the
-optimizer, and the gradient sums a pipeline needs besides its schedule.
+"""What every pipeline engine of the lab shares: where the stages cut the model and the
+gradient sums a pipeline needs besides its schedule.
 
     parts = split(config, stages)            # [(start, stop)] piece ranges, stage 0 first
     tied = TiedGroups.build(mesh, config)    # first and last stage of each pipeline (tied models)
@@ -18,6 +18,7 @@ from plscale.errors import UserError
 
 from plscale.predict.presets import ModelConfig
 from plscale.rank.mesh import Mesh
+from plscale.rank.optim import optimizer  # noqa: F401  (the engines' optimizer, re-exported)
 from plscale.rank.models.llama_pieces import tied_weight
 
 
@@ -44,15 +45,6 @@ def one_shape(micro_batches, first: tuple | None, engine: str) -> tuple:
         raise UserError(f"Micro-batches of {shape} after {first}: {engine} keeps the first step's activation "
                         f"shapes; keep ds.micro_batch and model.seq fixed for the run.")
     return shape
-
-
-def optimizer(params, ds_config: dict) -> torch.optim.Optimizer:
-    """torch's AdamW with the hyperparameters of the run's DeepSpeed config (what DeepSpeed
-    builds for `"torch_adam": true`), so every engine steps alike."""
-    kind = ds_config["optimizer"]["type"]
-    p = ds_config["optimizer"]["params"]
-    cls = torch.optim.AdamW if kind == "AdamW" else torch.optim.Adam
-    return cls(params, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"], weight_decay=p["weight_decay"])
 
 
 class TiedGroups:

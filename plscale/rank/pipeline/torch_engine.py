@@ -57,7 +57,8 @@ from plscale.predict.pipeline import Op
 from plscale.rank.distributed import device_type
 from plscale.rank.mesh import Mesh
 from plscale.rank.models import llama_pieces
-from plscale.rank.pipeline.stages import TiedGroups, mean_loss, one_shape, optimizer, split, sync_grads
+from plscale.rank.optim import optimizer
+from plscale.rank.pipeline.stages import TiedGroups, mean_loss, one_shape, split, sync_grads
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
