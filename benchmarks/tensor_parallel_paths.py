@@ -137,7 +137,7 @@ def ranks(args) -> None:
 
     d = distributed.init()
     T = d.world_size
-    mesh = Mesh.build(tp=T, dims=("tp", "dp", "pp", "tp-pp"))
+    mesh = Mesh.build(tp=T, dims=("tp", "dp", "pp"))
     config = model_config(args.preset, T)
     seq = min(args.seq, config.max_seq)
     ds = build(DSSpec(stage=0, precision="fp32", micro_batch=MICRO, grad_accum=1, lr=1e-3, grad_clip=0,
@@ -150,7 +150,7 @@ def ranks(args) -> None:
     def batch(step: int) -> list:
         marks.append(time.process_time())
         return tokens_of(step)
-    said, skipped = [], {}  # skipped: row -> the reason side_by_side logged
+    said, skipped = [], {}  # skipped: row -> why side_by_side cannot run it here
 
     def log(line: str) -> None:
         if d.rank == 0 and line not in said:
@@ -164,14 +164,14 @@ def ranks(args) -> None:
         for name, sp in order:
             if (name, sp) in skipped:
                 continue
+            reason = side_by_side.why_not(name, sp)
+            if reason:
+                skipped[(name, sp)] = reason
+                continue
             log(f"round {r + 1}/{args.interleave}: {name}{' + sp' if sp else ''} ...")
             marks.clear()
-            result = side_by_side.run(name, config, initial, mesh, ds, sp, batch, args.steps, log, d.device)
+            path_losses, step_s = side_by_side.run(name, config, initial, mesh, ds, sp, batch, args.steps, d.device)
             marks.append(time.process_time())
-            if result is None:
-                skipped[(name, sp)] = said[-1].split("skipped, ", 1)[-1]
-                continue
-            path_losses, step_s = result
             slowest = torch.tensor([step_s], dtype=torch.float64)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             times[(name, sp)].append(slowest.item())
@@ -246,7 +246,7 @@ def tp1(args) -> None:
 
     from plscale.dsconfig.spec import DSSpec, build
     from plscale.rank.models.llama import Llama
-    from plscale.rank.pipeline.stages import optimizer
+    from plscale.rank.optim import optimizer
     from plscale.rank.tensor_parallel.llama import TensorParallelLlama
 
     cuda = torch.cuda.is_available()
@@ -284,8 +284,6 @@ def tp1(args) -> None:
                 loss = model(x, y)
                 loss.backward()
                 total += loss.item()
-            if hasattr(model, "sync_replicated_grads"):
-                model.sync_replicated_grads()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if cuda:

@@ -83,13 +83,13 @@ def test_sp_replaces_each_all_reduce_by_reduce_scatter_and_all_gather():
                   for rows, op in ((sp, "all_gather"), (sp, "reduce_scatter"), (plain, "all_reduce")))
     assert ag.calls == rs.calls == ar.calls == 2 * L * m
     assert ag.bytes + rs.bytes == 2 * ar.bytes
-    # the activations' bytes are the same; SP adds one fp32 all-reduce of the norms' gradients per step
+    # the activations' bytes are the same; SP adds an all-reduce of each norm's gradient per micro-batch
     sums, plain_sums = totals(sp), totals(plain)
     loss = 3 * m * 4 * 128 * 4
     assert sums["all_gather"][1] + sums["reduce_scatter"][1] == 2 * (plain_sums["all_reduce"][1] - loss)
     norms = [r for r in sp if r.where.startswith("replicated norm")]
-    assert [(r.op, r.calls, r.bytes) for r in norms] == [("all_reduce", 1, (2 * L + 1) * 256 * 4)]
-    assert sums["all_reduce"] == (3 * m + 1, loss + (2 * L + 1) * 256 * 4)
+    assert [(r.op, r.calls, r.bytes) for r in norms] == [("all_reduce", (2 * L + 1) * m, 256 * 4)]
+    assert sums["all_reduce"] == ((3 + 2 * L + 1) * m, loss + (2 * L + 1) * m * 256 * 4)
     with pytest.raises(UserError, match="needs tp >= 2"):
         collectives(SMALL, 1, sp=True, **kw)
 
@@ -102,7 +102,26 @@ def test_memory_counts_the_replicated_norms_and_checks_sp():
     assert estimate(Setup(params=1000, tp=2)).term("parameters").device == 2 * 500   # no shape: Ψ/t
     with pytest.raises(UserError, match="sequence parallelism needs tp >= 2"):
         estimate(Setup(params=1000, sp=True))
-    estimate(Setup(params=param_count(SMALL), tp=2, sp=True, model=SMALL, seq=128))
+    with pytest.raises(UserError, match="does not split into 2 sequence shards"):
+        estimate(Setup(params=1000, tp=2, sp=True, seq=127))
+
+
+def test_activations_under_tp_and_sp_by_hand():
+    """small (h 256, h_kv 256, f 704, a 4, V 8192), fp32, 4 x 128 tokens per micro-batch, t = 2:
+    tensor parallelism splits everything but the norms; sequence parallelism the norms' own
+    2h + 1 too (the column layers keep their gathered input, h, whole)."""
+    h, kv, f, a, V, t, e, sb = 256, 256, 704, 4, 8192, 2, 4, 4 * 128
+    blocks = sb * (3 * h + 2 * kv + 4 * f) * e / t + 4 * a * sb / t
+    tp_layer = sb * (6 * h + 2) * e + blocks
+    sp_layer = sb * (4 * h + 2) * e / t + sb * 2 * h * e + blocks
+    tp_head = sb * (3 * h + 1) * e + 4 * sb * V / t
+    sp_head = sb * (2 * h + 1) * e / t + sb * h * e + 4 * sb * V / t
+    base = dict(params=param_count(SMALL), precision="fp32", tp=2, model=SMALL, seq=128, micro_batch=4)
+    assert estimate(Setup(**base)).term("activations").device == 4 * tp_layer + tp_head
+    assert estimate(Setup(**base, sp=True)).term("activations").device == 4 * sp_layer + sp_head
+    # recomputation keeps each layer's input: a t-th of it under sequence parallelism
+    recompute = estimate(Setup(**base, sp=True, recompute=True)).term("activations").device
+    assert recompute == 4 * sb * h * e / t + sp_layer + sp_head
 
 
 # ---- `plscale estimate tp` --------------------------------------------------------------------

@@ -43,7 +43,7 @@ def _setup():
 
 
 def _dense_steps(dense, x, y, ds_config, on_step=None) -> list[float]:
-    from plscale.rank.pipeline.stages import optimizer
+    from plscale.rank.optim import optimizer
 
     opt, losses = optimizer(dense.parameters(), ds_config), []
     for _ in range(STEPS):
@@ -64,7 +64,7 @@ def _dtensor(mesh, sequence_parallel: bool) -> dict:
     from torch.distributed.tensor import DTensor, Replicate
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from plscale.rank.pipeline.stages import optimizer
+    from plscale.rank.optim import optimizer
     from plscale.rank.tensor_parallel import dtensor_path
 
     dense, x, y = _setup()

@@ -4,7 +4,7 @@ Every weight matrix of the Llama-shaped model is split across the t ranks of a
 tensor-parallel group: q, k, v and the MLP's gate and up by columns (each rank its heads,
 its slice of the MLP), o and down by rows, the embedding and the tied head by vocabulary.
 The operators f and g (plscale/rank/tensor_parallel/operators.py) glue the halves: one
-all-reduce per block forward, one backward. With sequence parallelism the norms and the
+all-reduce forward and one backward per attention block and per MLP, two of each per layer. With sequence parallelism the norms and the
 residual stream hold a t-th of the sequence, and each all-reduce becomes a reduce-scatter
 and an all-gather. DeepSpeed trains the split model, told the mesh's groups (MegatronMPU),
 so with data parallel too it all-reduces gradients over the data-parallel groups only.
@@ -40,7 +40,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-from plscale.rank.pipeline.stages import optimizer
+from plscale.rank.optim import optimizer
 from plscale.rank.tensor_parallel import operators as ops, side_by_side
 from plscale.rank.tensor_parallel.llama import TensorParallelLlama
 
@@ -51,11 +51,12 @@ T, sp, seq, seed = S["parallel"]["tp"], S["tp"]["sequence_parallel"], S["model"]
 micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
 
 # ---- The mesh: which ranks split each layer (tp), which hold the same shards (dp) ---------
-mesh = Mesh.build(tp=T, dims=("tp", "dp", "pp", "tp-pp"))
+mesh = Mesh.build(tp=T, dims=("tp", "dp", "pp"))
 tp_group, dp, replica = mesh.group("tp"), mesh.size("dp"), mesh.rank_in("dp")
 ctx.log(f"mesh: {mesh.layout}\n"
         f"  tensor-parallel groups (tp): {mesh.layout.groups('tp')}   each layer split across these ranks\n"
-        f"  data-parallel groups (dp):   {mesh.layout.groups('dp')}   the same shards, other batches")
+        f"  data-parallel groups (dp):   {mesh.layout.groups('dp')}   "
+        + ("the same shards, other batches" if dp > 1 else "(dp 1: no data parallelism)"))
 if ctx.is_main:
     plots.mesh_grid(mesh.layout, ctx.run_dir / "mesh.png")
 
@@ -86,7 +87,7 @@ split = predict.params_per_rank(config, T)
 mine = sum(p.numel() for p in model.parameters())
 ctx.log(f"\nmodel: Llama-shaped {S['model']['preset']!r}, Ψ = {param_count(config):,} parameters; split over tp {T}"
         f"{' with sequence parallelism' if sp else ''}: each rank holds {mine:,} = {split.sharded:,} sharded "
-        f"(Ψ/{T} less the norms) + {split.replicated:,} replicated norm weights")
+        f"((Ψ - norms) / {T}) + {split.replicated:,} replicated norm weights")
 ctx.check("parameters per rank as predicted", mine == split.total,
           f"{mine:,} held, {split.total:,} predicted (plscale estimate tp)")
 
@@ -94,16 +95,16 @@ ctx.check("parameters per rank as predicted", mine == split.total,
 # ---- Training: DeepSpeed steps the shards; one step's collectives tallied, its memory counted --
 def train_step(step: int, measure: bool):
     """One optimizer step on this replica's micro-batches; (loss, census) with the census taken
-    after the last backward, while the gradients are live, when `measure`."""
-    total, counted = 0.0, {}
-    for i, (x, y) in enumerate(batch(step)):
+    after the last backward, while the gradients are live, when `measure`. DeepSpeed counts
+    micro-batches: engine.step() after each, and it steps the optimizer after the last."""
+    total, counted, micro_batches = 0.0, {}, batch(step)
+    for i, (x, y) in enumerate(micro_batches):
         loss = engine(x, y)
         engine.backward(loss)
         total += loss.item()
-    model.sync_replicated_grads()  # sequence parallel: each rank's norm gradients cover its tokens
-    if measure:
-        counted = census(zero_states(engine))
-    engine.step()
+        if measure and i == len(micro_batches) - 1:
+            counted = census(zero_states(engine))
+        engine.step()
     return total / accum, counted
 
 
@@ -116,7 +117,7 @@ for step in range(steps):
     times.append(time.perf_counter() - t0)
     if step == census_step:
         tally, measured = ops.TALLY.rows(), counted
-    mean = torch.tensor([loss], dtype=torch.float64)
+    mean = torch.tensor([loss], dtype=torch.float64, device=dev)  # NCCL reduces device tensors only
     dist.all_reduce(mean, group=mesh.group("dp"))
     losses.append(mean.item() / dp)
     ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
@@ -150,10 +151,7 @@ if ctx.is_main and parity:
 # ---- Collectives of one step in the tensor-parallel group, against the prediction ----------
 figures = []
 rows = predict.collectives(config, T, seq, micro, "fp32", sp=sp, micro_batches=accum)
-want = {}
-for row in rows:
-    calls, nbytes = want.get((row.op, row.phase), (0, 0))
-    want[(row.op, row.phase)] = (calls + row.calls, nbytes + row.total)
+want = predict.by_op_phase(rows)
 if ctx.is_main:
     # bytes: each call's whole tensor (nccl-tests' S); on the wire, what a ring makes each rank send
     ctx.log(f"\ncollectives per step in the tensor-parallel group (step {census_step}, rank 0), measured / predicted")
@@ -183,14 +181,15 @@ setup = replace(memory.setup_from_ds_config(ds, dp, config, seq), tp=T, sp=sp)
 predicted = {t.name: t.total for t in memory.estimate(setup).terms}
 x, y = batch(0)[0]
 acts = {}
-for label, build in (("dense (one rank)", None), ("tp", False), ("tp + sp", True)):
-    net = dense.to(dev) if build is None else TensorParallelLlama(config, tp_group, build).to(dev)
-    if build is not None:
+for label, split_sequence in (("dense (one rank)", None), ("tp", False), ("tp + sp", True)):
+    net = dense.to(dev)
+    if split_sequence is not None:
+        net = TensorParallelLlama(config, tp_group, sequence_parallel=split_sequence).to(dev)
         net.load_dense(dense)
     with saved_activations() as saved:
         net(x, y)
-    acts[label] = (saved.bytes, memory.activation_bytes(replace(setup, tp=1 if build is None else T,
-                                                                sp=bool(build))))
+    acts[label] = (saved.bytes, memory.activation_bytes(replace(setup, tp=1 if split_sequence is None else T,
+                                                                sp=bool(split_sequence))))
 everyone = [None] * ctx.world_size
 dist.all_gather_object(everyone, measured)
 for m in everyone:
@@ -238,21 +237,23 @@ names = ["hand-written", *S["tp"]["compare"]] if dp == 1 and S["tp"]["compare"] 
 if S["tp"]["compare"] and dp > 1:
     ctx.log("\n(the production paths are compared where the tensor-parallel group is the world: dp 1)")
 for name in names:
-    result = side_by_side.run(name, config, initial, mesh, ds, sp, batch, k, ctx.log, dev)
-    if result is not None:
-        compared[name] = result
+    reason = side_by_side.why_not(name, sp)
+    compared[name] = (reason, None) if reason else side_by_side.run(name, config, initial, mesh, ds, sp, batch, k, dev)
 if ctx.is_main and compared:
     base = compared["hand-written"][1]
     ctx.log(f"\nthe production paths beside the hand-written layers, {k} steps each from the same weights")
     ctx.log(f"  {'path':14}{'largest loss gap':>18}{'step time':>12}{'vs hand-written':>18}")
     for name, (path_losses, path_s) in compared.items():
+        if isinstance(path_losses, str):
+            ctx.log(f"  {name:14}skipped: {path_losses}")
+            continue
         gap = max(abs(a - b) / abs(b) for a, b in zip(path_losses, losses))
         ctx.log(f"  {name:14}{gap:18.2e}{1e3 * path_s:10.1f}ms{path_s / base:17.2f}x")
         ctx.check(f"{name} agrees with the DeepSpeed-trained run", gap <= 1e-5,
                   f"largest relative loss gap {gap:.2e} over {len(path_losses)} steps (tolerance 1e-5)")
         if name != "hand-written":
             figures.append(figure(f"step time, {name} / hand-written", round(path_s / base, 3), "x", None,
-                                  f"median of {k - 1} steps after the first"))
+                                  f"median of the {k - 1} steps after the first"))
 
 if ctx.is_main:
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
@@ -260,7 +261,8 @@ if ctx.is_main:
                 figure("throughput", round(micro * accum * dp * seq / step_s, 1), "tokens/s", None, "all replicas")]
     ctx.log("\nmesh.png: the ranks of this run's tp x dp grid; memory.png: memory per rank against the model")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, tp=T, dp=dp, vocab=vocab,
+           micro_batches=accum,
            sequence_parallel=sp, losses=losses, params_per_rank=mine,
            collectives={f"{op} {phase}": list(v) for (op, phase), v in tally.items()},
            activations={k: list(v) for k, v in acts.items()},
-           compared={k: {"losses": v[0], "step_s": v[1]} for k, v in compared.items()})
+           compared={k: {"losses": v[0], "step_s": v[1]} for k, v in compared.items() if not isinstance(v[0], str)})

@@ -61,7 +61,9 @@ def memory(
     Activations of plscale's Llama (b micro batch, s sequence, h hidden,
     f SwiGLU width, a heads, V vocabulary, t = tp), bytes per layer:
     sb(6h+2)p + sb(3h+2h_kv+4f)p/t + 4asb/t, and for the head
-    sb(3h+1)p + 4sbV.  --recompute keeps L*sbh*p plus one layer.
+    sb(3h+1)p + 4sbV/t; with --sp the norms' sb(6h+2)p becomes
+    sb(4h+2)p/t + 2sbhp (head: sb(2h+1)p/t + sbhp).  --recompute keeps
+    L*sbh*p plus one layer.
     Pipeline (1F1B): the first stage holds all L layers' worth.
     """
     if model in PRESETS:
@@ -152,6 +154,8 @@ def tensor_parallel(
     """
     config = preset(name)
     tpm.check_divisible(config, tp, f"preset {name!r}")
+    if seq is not None and seq < 1:
+        raise UserError(f"--seq {seq}: a sequence has at least one token; try --seq {min(config.max_seq, 2048)}.")
     seq = seq or min(config.max_seq, 2048)
     rows = tpm.collectives(config, tp, seq, micro_batch, precision, sp=sp, micro_batches=micro_batches)
     params, dense = tpm.params_per_rank(config, tp), param_count(config)

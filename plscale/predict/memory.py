@@ -116,6 +116,9 @@ class Setup:
                             "use --accounting paper for stages 0-1 or fp32.")
         if self.sp and self.tp == 1:
             raise UserError("sequence parallelism needs tp >= 2: raise --tp or drop --sp.")
+        if self.sp and self.seq % self.tp:
+            raise UserError(f"--seq {self.seq} does not split into {self.tp} sequence shards: use a multiple of "
+                            f"{self.tp} with --sp.")
         if self.model and self.tp > 1:
             check_divisible(self.model, self.tp)
         if self.model and self.model.layers % self.pp:
@@ -263,8 +266,9 @@ def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> 
     if `head`, the head: the whole model, or one pipeline stage's share of it."""
     c, e = s.model, BYTES[s.precision]
     layers = c.layers if layers is None else layers
-    if s.recompute:
-        kept = layers * s.seq * s.micro_batch * c.hidden * e + (layer_activation_bytes(s) if layers else 0)
+    if s.recompute:  # each layer's input, a sequence slice of it under sequence parallelism
+        kept = layers * s.seq * s.micro_batch * c.hidden * e / (s.tp if s.sp else 1) \
+            + (layer_activation_bytes(s) if layers else 0)
     else:
         kept = layers * layer_activation_bytes(s)
     return kept + (head_activation_bytes(s) if head else 0)
@@ -272,9 +276,10 @@ def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> 
 
 def _activation_formula(s: Setup) -> str:
     t = "" if s.tp == 1 else "/t"
-    norms = "sb(4h+2)/t + 2sbh" if s.sp else "sb(6h+2)"
-    layer = f"{norms} + sb(3h+2h_kv+4f){t} + 4as{t}·b"
-    return (f"L·sbh + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
+    norms = "sb(4h+2)p/t + 2sbhp" if s.sp else "sb(6h+2)p"
+    layer = f"{norms} + sb(3h+2h_kv+4f)p{t} + 4asb{t}"
+    kept = "L·sbhp/t" if s.sp else "L·sbhp"
+    return (f"{kept} + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
 
 
 def gib(nbytes: float) -> float:

@@ -21,8 +21,9 @@ Sequence parallelism (Korthikanti et al., 2022) splits the norms' and residuals'
 by sequence as well. An all-reduce is a reduce-scatter followed by an all-gather, so SP trades
 each g for a reduce-scatter (to the sequence shard) and each f for an all-gather (back to the
 whole sequence): the same bytes, fewer activations held. The norm weights now see only s/t
-tokens each, so their gradients are summed over the TP group once per step. (Megatron-LM's
-own layers also re-gather a linear's input in backward instead of saving it: not counted.)
+tokens each, so their gradients are summed over the TP group: here as backward computes them,
+one all-reduce of h per norm per micro-batch (Megatron-LM sums them once per step; its own
+layers also re-gather a linear's input in backward instead of saving it: not counted).
 
     >>> from plscale.predict.presets import preset
     >>> c = preset("small")                      # L = 4, h = 256
@@ -100,6 +101,8 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
             raise UserError(f"{flag} must be at least 1 (got {value}).")
     if sp and tp == 1:
         raise UserError("sequence parallelism needs tp >= 2: raise tp or drop sp.")
+    if sp and seq % tp:
+        raise UserError(f"seq {seq} does not split into {tp} sequence shards: use a multiple of {tp} with sp.")
     if tp == 1:
         return []
     L, m = c.layers, micro_batches
@@ -121,8 +124,8 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
             Collective("reduce_scatter", "backward", "layers (before attention and before MLP)", 2 * L * m, a),
             Collective("all_gather", "backward", "layers (after attention and after MLP)", 2 * L * m, a),
             Collective("all_gather", "backward", "embedding", m, a),
-            Collective("all_reduce", "backward", "replicated norm weights' gradients", 1,
-                       (2 * L + 1) * c.hidden * 4)]
+            Collective("all_reduce", "backward", "replicated norm weights' gradients", (2 * L + 1) * m,
+                       c.hidden * ELEMENT_BYTES[precision])]
 
 
 def totals(rows: list[Collective]) -> dict[str, tuple[int, int]]:
@@ -131,6 +134,15 @@ def totals(rows: list[Collective]) -> dict[str, tuple[int, int]]:
     for r in rows:
         calls, nbytes = out.get(r.op, (0, 0))
         out[r.op] = (calls + r.calls, nbytes + r.total)
+    return out
+
+
+def by_op_phase(rows: list[Collective]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(op, phase) -> (calls, bytes) summed over the rows: the keys of a rank's tally of them."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in rows:
+        calls, nbytes = out.get((r.op, r.phase), (0, 0))
+        out[(r.op, r.phase)] = (calls + r.calls, nbytes + r.total)
     return out
 
 

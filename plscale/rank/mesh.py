@@ -90,20 +90,24 @@ class MegatronMPU:
 
     DeepSpeed then all-reduces gradients over the data-parallel group only, shards ZeRO's
     states over it, and computes the gradient norm once per model-parallel group (weights
-    marked `tensor_model_parallel` counted on every rank, replicated ones on one). The mesh
-    needs the groups "tp", "dp", "pp" and "tp-pp" (Megatron's model-parallel group)."""
+    marked `tensor_model_parallel` counted on every rank, replicated ones on its rank 0).
+    For tensor x data parallelism (pp 1, cp 1), where the model-parallel group is the tensor-
+    parallel one, as in Megatron-DeepSpeed; the mesh needs the groups "tp", "dp" and "pp"."""
 
     def __init__(self, mesh: Mesh):
+        if mesh.layout.pp != 1 or mesh.layout.cp != 1:
+            raise ValueError(f"MegatronMPU covers tensor x data parallelism; this mesh has pp {mesh.layout.pp}, "
+                             f"cp {mesh.layout.cp} (DeepSpeed's pipeline engine builds its own grid)")
         self.mesh = mesh
 
     def get_model_parallel_group(self):
-        return self.mesh.group("tp-pp")
+        return self.mesh.group("tp")
 
     def get_model_parallel_rank(self):
-        return self.mesh.rank_in("tp-pp")
+        return self.mesh.rank_in("tp")
 
     def get_model_parallel_world_size(self):
-        return self.mesh.size("tp-pp")
+        return self.mesh.size("tp")
 
     def get_tensor_model_parallel_group(self):
         return self.mesh.group("tp")
@@ -122,6 +126,9 @@ class MegatronMPU:
 
     def get_pipeline_model_parallel_world_size(self):
         return self.mesh.size("pp")
+
+    def get_pipeline_model_parallel_rank(self):
+        return self.mesh.rank_in("pp")
 
     def get_data_parallel_group(self):
         return self.mesh.group("dp")

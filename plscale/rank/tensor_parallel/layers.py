@@ -23,6 +23,8 @@ from torch import nn
 
 from plscale.rank.tensor_parallel import operators as ops
 
+IGNORE = -100  # a target the loss skips, as in F.cross_entropy
+
 
 def _split(n: int, t: int, what: str) -> int:
     if n % t:
@@ -30,12 +32,27 @@ def _split(n: int, t: int, what: str) -> int:
     return n // t
 
 
+def parts_of(out_features) -> list[int]:
+    """A column layer's stacked output widths: [n] for one output, the list for several."""
+    return list(out_features) if isinstance(out_features, (list, tuple)) else [out_features]
+
+
+def column_shard(full: tuple, t: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s rows of each dense weight (one per stacked part), stacked."""
+    return torch.cat([w.chunk(t, dim=0)[rank] for w in full])
+
+
+def row_shard(full: torch.Tensor, t: int, rank: int) -> torch.Tensor:
+    """Rank `rank`'s columns of a dense weight."""
+    return full.chunk(t, dim=1)[rank]
+
+
 class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features, group, sequence_parallel: bool = False):
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.t, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.parts = list(out_features) if isinstance(out_features, (list, tuple)) else [out_features]
+        self.parts = parts_of(out_features)
         local = sum(_split(n, self.t, "output width") for n in self.parts)
         self.weight = nn.Parameter(torch.empty(local, in_features))
         self.weight.tensor_model_parallel = True  # Megatron's mark: a shard, not a copy (gradient norms)
@@ -43,7 +60,7 @@ class ColumnParallelLinear(nn.Module):
     @torch.no_grad()
     def load_shard(self, *full: torch.Tensor) -> None:
         """This rank's rows of each dense weight (one per part), stacked."""
-        self.weight.copy_(torch.cat([w.chunk(self.t, dim=0)[self.rank] for w in full]))
+        self.weight.copy_(column_shard(full, self.t, self.rank))
 
     def forward(self, x):
         x = ops.gather_sequence(x, self.group) if self.sequence_parallel else ops.copy_to(x, self.group)
@@ -61,7 +78,7 @@ class RowParallelLinear(nn.Module):
 
     @torch.no_grad()
     def load_shard(self, full: torch.Tensor) -> None:
-        self.weight.copy_(full.chunk(self.t, dim=1)[self.rank])
+        self.weight.copy_(row_shard(full, self.t, self.rank))
 
     def forward(self, x):
         partial = F.linear(x, self.weight)
@@ -94,35 +111,37 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy over tokens from this rank's logits [N, V/t] for vocabulary ids
-    [start, start + V/t). Backward needs no communication: softmax minus the one-hot target,
-    each rank for its own columns."""
+    """Mean cross-entropy over the tokens whose target is not IGNORE, from this rank's logits
+    [N, V/t] for vocabulary ids [start, start + V/t). Backward needs no communication:
+    softmax minus the one-hot target, each rank for its own columns."""
 
     @staticmethod
     def forward(ctx, logits, targets, start, group):
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
         top = ops.all_reduce(logits.max(dim=-1).values, group, "forward", op=dist.ReduceOp.MAX)
         shifted = logits - top.unsqueeze(-1)
-        exp = shifted.exp()
-        total = ops.all_reduce(exp.sum(dim=-1), group, "forward")
         local = targets - start
         mine = (local >= 0) & (local < logits.shape[-1])
+        at = local.clamp(0, logits.shape[-1] - 1)
         rows = torch.arange(len(targets), device=logits.device)
-        target_logit = torch.where(mine, shifted[rows, local.clamp(0, logits.shape[-1] - 1)], 0.0)
-        target_logit = ops.all_reduce(target_logit, group, "forward")
-        ctx.save_for_backward(exp / total.unsqueeze(-1), local, mine)
-        return (total.log() - target_logit).mean()
+        target_logit = ops.all_reduce(torch.where(mine, shifted[rows, at], 0.0), group, "forward")
+        softmax = shifted.exp_()                           # in place: one [N, V/t] buffer, not three
+        total = ops.all_reduce(softmax.sum(dim=-1), group, "forward")
+        softmax.div_(total.unsqueeze(-1))
+        valid = targets != IGNORE
+        count = valid.sum().clamp(min=1)
+        ctx.save_for_backward(softmax, at, mine, valid, count)
+        return ((total.log() - target_logit) * valid).sum() / count
 
     @staticmethod
     def backward(ctx, grad):
-        softmax, local, mine = ctx.saved_tensors
-        softmax = softmax.clone()
-        rows = torch.arange(len(local), device=softmax.device)[mine]
-        softmax[rows, local[mine]] -= 1.0
-        return softmax * (grad / len(local)), None, None, None
+        softmax, at, mine, valid, count = ctx.saved_tensors
+        out = softmax.clone()
+        out[torch.arange(len(at), device=out.device), at] -= mine.to(out.dtype)  # no host sync
+        return out * (valid.to(out.dtype) * grad / count).unsqueeze(-1), None, None, None
 
 
 def vocab_parallel_cross_entropy(logits, targets, start: int, group):
     """Mean cross-entropy of logits [b, s, V/t] (this rank's vocabulary, from `start`) against
-    targets [b, s] of the whole vocabulary."""
+    targets [b, s] of the whole vocabulary; targets equal to IGNORE (-100) are skipped."""
     return _VocabParallelCrossEntropy.apply(logits.flatten(0, 1), targets.flatten(), start, group)

@@ -10,8 +10,10 @@
 With `sequence_parallel` the residual stream between blocks holds s/t tokens per rank:
 the norms work on a slice of the sequence, the embedding reduce-scatters, the column
 layers all-gather and the row layers reduce-scatter. Each rank's norm weights then see only
-its tokens, so their gradients are summed over the group once per step
-(`sync_replicated_grads`, Megatron's finalize_model_grads).
+its tokens, so a hook sums their gradients over the group as backward computes them (one
+small all-reduce per norm per micro-batch; Megatron sums them once per step, in
+finalize_model_grads, which a DeepSpeed engine that reduces gradients inside the backward
+leaves no room for). They carry Megatron's mark, `param.sequence_parallel = True`.
 
     tp = TensorParallelLlama(config, mesh.group("tp"), sequence_parallel=False)
     tp.load_dense(dense)                 # every rank takes its shard of the same dense weights
@@ -93,6 +95,10 @@ class TensorParallelLlama(nn.Module):
         self.layers = nn.ModuleList(ParallelDecoderLayer(config, group, sequence_parallel, column, row)
                                     for _ in range(config.layers))
         self.norm = RMSNorm(config.hidden, config.norm_eps)
+        for p in self.replicated():
+            p.sequence_parallel = sequence_parallel
+            if sequence_parallel:
+                p.register_hook(lambda grad: ops.all_reduce(grad, group, "backward"))
 
     @torch.no_grad()
     def load_dense(self, dense: nn.Module) -> None:
@@ -110,7 +116,7 @@ class TensorParallelLlama(nn.Module):
 
     def replicated(self) -> list:
         """The parameters every rank holds whole: the norm weights."""
-        return [p for name, p in self.named_parameters() if name.endswith("norm.weight")]
+        return [m.weight for m in self.modules() if isinstance(m, RMSNorm)]
 
     def forward(self, tokens, targets=None):
         cos, sin = rope_tables(self.config.head_dim, tokens.shape[1], self.config.rope_theta, tokens.device)
@@ -123,15 +129,3 @@ class TensorParallelLlama(nn.Module):
         if targets is None:
             return logits
         return vocab_parallel_cross_entropy(logits, targets, self.embed_tokens.start, self.group)
-
-    @torch.no_grad()
-    def sync_replicated_grads(self) -> None:
-        """Sequence parallel only: sum the norm weights' gradients over the group (each rank's
-        hold its tokens' share). One all-reduce of all of them, once per step."""
-        if not self.sequence_parallel:
-            return
-        grads = [p.grad for p in self.replicated() if p.grad is not None]
-        if grads:
-            flat = ops.all_reduce(torch.cat([g.flatten() for g in grads]), self.group, "backward")
-            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-                g.copy_(part.view_as(g))

@@ -27,6 +27,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from plscale.rank.tensor_parallel.layers import column_shard, parts_of, row_shard
+
 INSTALL = "pip install --no-deps megatron-core==0.16.1 (or pip install plscale[megatron])"
 
 
@@ -39,10 +41,6 @@ def unavailable() -> str | None:
     except ImportError:
         return f"megatron-core is not installed: {INSTALL}"
     return None
-
-
-def _parts(out_features) -> list[int]:
-    return list(out_features) if isinstance(out_features, (list, tuple)) else [out_features]
 
 
 def _config(t: int, sequence_parallel: bool):
@@ -95,18 +93,19 @@ def linear_classes(group) -> tuple[type, type]:
 
         def __init__(self, in_features: int, out_features, group, sequence_parallel: bool = False):
             t = dist.get_world_size(group)
-            self.parts = _parts(out_features)
+            self.parts = parts_of(out_features)
             for n in self.parts:
                 if n % t:
                     raise ValueError(f"output width {n} does not split over {t} tensor-parallel ranks")
             super().__init__(in_features, sum(self.parts), config=_config(t, sequence_parallel),
                              init_method=_no_init, bias=False, gather_output=False, tp_group=group)
             self.t, self.rank = t, dist.get_rank(group)
+            self.weight.tensor_model_parallel = True  # megatron-core sets it only when it initialises
 
         @torch.no_grad()
         def load_shard(self, *full: torch.Tensor) -> None:
             """This rank's rows of each dense weight (one per part), stacked."""
-            self.weight.copy_(torch.cat([w.chunk(self.t, dim=0)[self.rank] for w in full]))
+            self.weight.copy_(column_shard(full, self.t, self.rank))
 
         def forward(self, x):
             y = _seq_first(self, x)
@@ -125,11 +124,12 @@ def linear_classes(group) -> tuple[type, type]:
             super().__init__(in_features, out_features, config=_config(t, sequence_parallel), init_method=_no_init,
                              bias=False, input_is_parallel=True, skip_bias_add=False, tp_group=group)
             self.t, self.rank = t, dist.get_rank(group)
+            self.weight.tensor_model_parallel = True
 
         @torch.no_grad()
         def load_shard(self, full: torch.Tensor) -> None:
             """This rank's columns of the dense weight."""
-            self.weight.copy_(full.chunk(self.t, dim=1)[self.rank])
+            self.weight.copy_(row_shard(full, self.t, self.rank))
 
         def forward(self, x):
             return _seq_first(self, x)

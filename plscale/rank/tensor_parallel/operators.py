@@ -29,10 +29,9 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from plscale.rank.distributed import all_gather_single, reduce_scatter_single
+
 SEQ = 1
-# torch 2.13 renamed the tensor forms of all-gather and reduce-scatter (the old names warn)
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Tally:
@@ -69,7 +68,7 @@ def all_reduce(x: torch.Tensor, group, phase: str, op=dist.ReduceOp.SUM) -> torc
     return x
 
 
-def all_gather_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
+def all_gather_along_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     """[b, s/t, h] on each rank -> [b, s, h], the ranks' slices in group order."""
     t = dist.get_world_size(group)
     front = x.transpose(0, SEQ).contiguous()           # the sequence first: gathered slices stack on dim 0
@@ -79,7 +78,7 @@ def all_gather_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     return out.transpose(0, SEQ).contiguous()
 
 
-def reduce_scatter_sequence_(x: torch.Tensor, group, phase: str) -> torch.Tensor:
+def reduce_scatter_along_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     """[b, s, h] partial sums on each rank -> [b, s/t, h]: this rank's slice of the sum."""
     t = dist.get_world_size(group)
     front = x.transpose(0, SEQ).contiguous()
@@ -116,22 +115,22 @@ class _GatherSequence(torch.autograd.Function):  # f under sequence parallelism
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return all_gather_sequence(x, group, "forward")
+        return all_gather_along_sequence(x, group, "forward")
 
     @staticmethod
     def backward(ctx, grad):
-        return reduce_scatter_sequence_(grad, ctx.group, "backward"), None
+        return reduce_scatter_along_sequence(grad, ctx.group, "backward"), None
 
 
 class _ReduceScatterSequence(torch.autograd.Function):  # g under sequence parallelism
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        return reduce_scatter_sequence_(x, group, "forward")
+        return reduce_scatter_along_sequence(x, group, "forward")
 
     @staticmethod
     def backward(ctx, grad):
-        return all_gather_sequence(grad, ctx.group, "backward"), None
+        return all_gather_along_sequence(grad, ctx.group, "backward"), None
 
 
 def copy_to(x, group):
@@ -157,4 +156,6 @@ def reduce_scatter_sequence(x, group):
 def split_sequence(x, group):
     """This rank's slice of the sequence, [b, s, h] -> [b, s/t, h] (no communication)."""
     t, r = dist.get_world_size(group), dist.get_rank(group)
+    if x.shape[SEQ] % t:
+        raise ValueError(f"sequence of {x.shape[SEQ]} tokens does not split over {t} ranks")
     return x.chunk(t, dim=SEQ)[r].contiguous()

@@ -11,14 +11,15 @@ and returns its losses and median step time (the first step, a warm-up, left out
     megatron   plscale's tensor-parallel Llama with megatron-core's ColumnParallelLinear and
                RowParallelLinear in place of the hand-written ones (optional extra)
 
-    losses, step_s = run("dtensor", config, initial, mesh, ds, sp, batch, 4, ctx.log, ctx.device) or skipped
+    if why_not("dtensor", sp) is None:
+        losses, step_s = run("dtensor", config, initial, mesh, ds, sp, batch, 4, ctx.device)
 """
 
 import statistics
 import time
 
 from plscale.rank.models.llama import Llama
-from plscale.rank.pipeline.stages import optimizer
+from plscale.rank.optim import optimizer
 from plscale.rank.tensor_parallel import autotp_path, dtensor_path, megatron_path
 from plscale.rank.tensor_parallel.llama import TensorParallelLlama
 
@@ -30,8 +31,6 @@ def _torch_step(model, opt):
             loss = model(x, y) / len(batches)
             loss.backward()
             total += loss.item()
-        if hasattr(model, "sync_replicated_grads"):
-            model.sync_replicated_grads()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return total
@@ -45,13 +44,22 @@ def _engine_step(engine):
             loss = engine(x, y)
             engine.backward(loss)
             total += loss.item() / len(batches)
-        engine.step()
+            engine.step()  # DeepSpeed counts micro-batches: it steps the optimizer after the last
         return total
     return step
 
 
-def build(name: str, config, initial: dict, mesh, ds: dict, sp: bool, log, device):
-    """A step function for path `name`, or None (with the reason logged) where it cannot run."""
+def why_not(name: str, sp: bool) -> str | None:
+    """Why path `name` cannot run here (with sequence parallelism `sp`), or None when it can."""
+    if name == "autotp" and sp:
+        return "DeepSpeed AutoTP splits layers, not sequences"
+    if name == "megatron":
+        return megatron_path.unavailable() or ("megatron-core sequence parallelism needs CUDA" if sp else None)
+    return None
+
+
+def build(name: str, config, initial: dict, mesh, ds: dict, sp: bool, device):
+    """A step function for path `name` (one that can run: see why_not), from the weights `initial`."""
     dense = Llama(config)
     dense.load_state_dict(initial)
     group, tp = mesh.group("tp"), mesh.size("tp")
@@ -63,27 +71,17 @@ def build(name: str, config, initial: dict, mesh, ds: dict, sp: bool, log, devic
         model = dtensor_path.parallelize(dense.to(device), group, sequence_parallel=sp)
         return _torch_step(model, optimizer(model.parameters(), ds))
     if name == "autotp":
-        if sp:
-            log("  autotp: skipped, DeepSpeed AutoTP splits layers, not sequences")
-            return None
-        engine = autotp_path.initialize(dense.to(device), ds, tp, mesh)
-        return _engine_step(engine)
+        return _engine_step(autotp_path.initialize(dense.to(device), ds, tp, mesh))
     if name == "megatron":
-        reason = megatron_path.unavailable()
-        if reason or sp:
-            log(f"  megatron: skipped, {reason or 'megatron-core sequence parallelism needs CUDA'}")
-            return None
         model = TensorParallelLlama(config, group, linears=megatron_path.linear_classes(group)).to(device)
         model.load_dense(dense.to(device))
         return _torch_step(model, optimizer(model.parameters(), ds))
     raise ValueError(f"unknown path {name!r}")
 
 
-def run(name: str, config, initial: dict, mesh, ds: dict, sp: bool, batch, steps: int, log, device):
-    """(losses, median step seconds) of `steps` steps of path `name`, or None where skipped."""
-    step = build(name, config, initial, mesh, ds, sp, log, device)
-    if step is None:
-        return None
+def run(name: str, config, initial: dict, mesh, ds: dict, sp: bool, batch, steps: int, device):
+    """(losses, median step seconds) of `steps` steps of path `name`; first ask why_not."""
+    step = build(name, config, initial, mesh, ds, sp, device)
     losses, times = [], []
     for k in range(steps):
         t0 = time.perf_counter()
