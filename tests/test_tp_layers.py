@@ -116,6 +116,16 @@ def _cases(rank, world):
     out["cross-entropy loss"] = abs(got.item() - want_loss.item())
     out["cross-entropy grads"] = _gap(mine.grad, logits.grad[..., emb.start:emb.end])
 
+    # The mesh as DeepSpeed asks for it (Megatron's mpu): tp 2 x dp world/2
+    from plscale.rank.mesh import MegatronMPU
+    mpu = MegatronMPU(Mesh.build(tp=2, dims=("tp", "dp", "pp")))
+    out["mpu"] = {"model": [dist.get_process_group_ranks(mpu.get_model_parallel_group()),
+                            mpu.get_model_parallel_rank(), mpu.get_model_parallel_world_size()],
+                  "data": [mpu.get_data_parallel_group_ranks(), mpu.get_data_parallel_rank(),
+                           mpu.get_data_parallel_world_size()],
+                  "tensor": [mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_src_rank()],
+                  "pipeline": [mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size()]}
+
     # The whole model: loss and every gradient, without and with sequence parallelism
     torch.manual_seed(1)
     dense = Llama(CONFIG).double()
@@ -176,3 +186,18 @@ def test_tally_matches_prediction(results, world, sp):
     want = {f"{op} {phase}": [calls, 2 * nbytes] for (op, phase), (calls, nbytes) in predict_tp.by_op_phase(rows).items()}
     for r in range(world):
         assert results[(world, r)][f"model sp={sp} tally"] == want
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_megatron_mpu_gives_deepspeed_the_mesh_groups(results, world):
+    """DeepSpeed reads the groups through Megatron's mpu interface: tp groups of neighbours,
+    dp groups across them (plscale.mesh's Megatron order), pipeline of one."""
+    from plscale.mesh import Layout
+    layout = Layout(world, tp=2)
+    for r in range(world):
+        got = results[(world, r)]["mpu"]
+        tp_ranks, dp_ranks = layout.group_of("tp", r), layout.group_of("dp", r)
+        assert got["model"] == [tp_ranks, tp_ranks.index(r), 2]
+        assert got["data"] == [dp_ranks, dp_ranks.index(r), world // 2]
+        assert got["tensor"] == [tp_ranks.index(r), tp_ranks[0]]
+        assert got["pipeline"] == [0, 1]
