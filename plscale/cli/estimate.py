@@ -106,14 +106,15 @@ def memory(
 
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
                         f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}", title_justify="left")
-    for column in ("", "device GiB", "host GiB", "formula"):
-        table.add_column(column, justify="right" if "GiB" in column else "left")
+    unit, scale = ("GiB", 2**30) if result.total("device") + result.total("host") >= 2**30 else ("MiB", 2**20)
+    for column in ("", f"device {unit}", f"host {unit}", "formula"):
+        table.add_column(column, justify="right" if unit in column else "left")
     for term in result.terms:
-        table.add_row(term.label, f"{gib(term.device):.2f}", f"{gib(term.host):.2f}", escape(term.formula))
+        table.add_row(term.label, f"{term.device / scale:.2f}", f"{term.host / scale:.2f}", escape(term.formula))
     if config is None:
         table.add_row(LABELS["activations"], "n/a", "", "needs a model shape: pass a preset to --model")
-    table.add_row("[bold]total[/]", f"[bold]{gib(result.total('device')):.2f}[/]",
-                  f"[bold]{gib(result.total('host')):.2f}[/]",
+    table.add_row("[bold]total[/]", f"[bold]{result.total('device') / scale:.2f}[/]",
+                  f"[bold]{result.total('host') / scale:.2f}[/]",
                   f"micro batch {micro_batch} x seq {seq}, accumulation {grad_accum}, "
                   f"recompute {'on' if recompute else 'off'}")
     console.print(table)
