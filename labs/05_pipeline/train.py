@@ -31,7 +31,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.models.llama_pieces import piece_names
-from plscale.rank.optim import optimizer
+from plscale.rank.reference import largest_gap, reference_losses
 
 MiB = 2**20
 ctx = runtime.start(__file__)
@@ -102,24 +102,15 @@ last_ops = engine.ops
 
 
 # ---- Parity: the unpipelined model, trained on the same batches (rank 0) ------------------
-def unpipelined_losses(count: int) -> list:
-    torch.manual_seed(seed)
-    model = Llama(config).to(dev)
-    opt, out = optimizer(model.parameters(), ds), []
-    for step in range(count):
-        everyone = [mb for r in range(dp) for mb in batch(step, m, r)]
-        loss = sum(model(x.to(dev), y.to(dev)) for x, y in everyone) / len(everyone)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(loss.item())
-    return out
+def every_replica(step: int) -> list:
+    return [(x.to(dev), y.to(dev)) for r in range(dp) for x, y in batch(step, m, r)]
 
 
 parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:
-    want = unpipelined_losses(parity)
-    gap = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+    torch.manual_seed(seed)
+    want = reference_losses(Llama(config).to(dev), ds, every_replica, parity)
+    gap = largest_gap(losses, want)
     ctx.log("\nloss, pipelined vs unpipelined: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
     ctx.check("pipelined loss equals the unpipelined model's", gap <= 1e-5,
               f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")

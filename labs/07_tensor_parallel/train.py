@@ -40,7 +40,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-from plscale.rank.optim import optimizer
+from plscale.rank.reference import largest_gap, reference_losses
 from plscale.rank.tensor_parallel import operators as ops, side_by_side
 from plscale.rank.tensor_parallel.llama import TensorParallelLlama
 
@@ -126,24 +126,12 @@ for step in range(steps):
 
 
 # ---- Parity: the dense model trained on the same batches (rank 0) --------------------------
-def dense_losses(count: int) -> list:
-    reference = Llama(config).to(dev)
-    reference.load_state_dict(initial)
-    opt, out = optimizer(reference.parameters(), ds), []
-    for step in range(count):
-        everyone = [mb for r in range(dp) for mb in batch(step, r)]
-        loss = sum(reference(x, y) for x, y in everyone) / len(everyone)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        out.append(loss.item())
-    return out
-
-
 parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:
-    want = dense_losses(parity)
-    gap = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+    reference = Llama(config).to(dev)
+    reference.load_state_dict(initial)
+    want = reference_losses(reference, ds, lambda step: [mb for r in range(dp) for mb in batch(step, r)], parity)
+    gap = largest_gap(losses, want)
     ctx.log("\nloss, tensor-parallel vs dense: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
     ctx.check("the split model follows the dense model's loss", gap <= 1e-5,
               f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
@@ -247,7 +235,7 @@ if ctx.is_main and compared:
         if isinstance(path_losses, str):
             ctx.log(f"  {name:14}skipped: {path_losses}")
             continue
-        gap = max(abs(a - b) / abs(b) for a, b in zip(path_losses, losses))
+        gap = largest_gap(path_losses, losses)
         ctx.log(f"  {name:14}{gap:18.2e}{1e3 * path_s:10.1f}ms{path_s / base:17.2f}x")
         ctx.check(f"{name} agrees with the DeepSpeed-trained run", gap <= 1e-5,
                   f"largest relative loss gap {gap:.2e} over {len(path_losses)} steps (tolerance 1e-5)")
