@@ -168,8 +168,11 @@ def test_failing_rank_is_reported_with_its_last_lines(cli):
 def test_ctrl_c_stops_every_rank(tmp_path):
     env = {**os.environ, "PLSCALE_LABS_DIR": str(FIXTURE_LABS), "PLSCALE_RUNS_DIR": str(tmp_path),
            "HF_HUB_OFFLINE": "1"}
+    # A shell's background job starts with SIGINT ignored, and Python then installs no Ctrl-C
+    # handler in its children: give the CLI the default, as a terminal would.
     proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "lab", "run", "hang", "--cpu"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while time.time() < deadline and len(list(tmp_path.glob("*/ready_*"))) < 2:
         time.sleep(0.5)
