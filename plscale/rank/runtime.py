@@ -85,7 +85,7 @@ def _args(argv):
     return parser.parse_args(argv)
 
 
-def _inputs(lab, args) -> tuple[str, dict, dict]:
+def _inputs(lab, args, entry_file: str) -> tuple[str, dict, dict]:
     """(variant, settings, DeepSpeed config): as the host wrote them into the run directory,
     or, under a plain launcher, resolved here exactly as `plscale lab run` would."""
     if args.run_dir:
@@ -94,7 +94,7 @@ def _inputs(lab, args) -> tuple[str, dict, dict]:
         record, ds_config = read_inputs(Path(args.run_dir))
         return record["variant"], record["settings"], ds_config
     topology = Topology(int(os.environ.get("WORLD_SIZE", 1)), distributed.device_type())
-    run = resolve_run(lab, lab.variant(args.variant), topology, args.sets, args.steps, args.ds_config)
+    run = resolve_run(lab, lab.variant_for(args.variant, Path(entry_file)), topology, args.sets, args.steps, args.ds_config)
     return run.variant.name, run.settings, run.ds_config
 
 
@@ -107,7 +107,7 @@ def start(entry_file: str, argv=None) -> Context:
         os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     lab = load_lab(Path(entry_file).resolve().parent)
     try:
-        variant, settings, ds_config = _inputs(lab, args)
+        variant, settings, ds_config = _inputs(lab, args, entry_file)
     except UserError as exc:  # every rank says the same one line; no traceback, no collective
         print(f"error: {exc}", file=sys.stderr, flush=True)
         os._exit(exc.exit_code)

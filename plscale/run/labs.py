@@ -28,6 +28,7 @@ class Variant:
     launcher: str | None = None  # a variant may require a launcher (e.g. torchrun for DDP)
     ranks: int | None = None     # a variant may need another rank count than the lab's default
     restarts: int | None = None  # a variant may need elastic restarts (e.g. one that kills a rank)
+    entry: str | None = None     # a variant may run another script of the lab's folder (default: the lab's)
 
 
 @dataclass
@@ -69,6 +70,31 @@ class Lab:
     def entry_path(self) -> Path:
         return self.folder / self.entry
 
+    def entry_of(self, variant: Variant) -> Path:
+        """The script a variant's ranks run: its own `entry`, else the lab's."""
+        return self.folder / (variant.entry or self.entry)
+
+    def variant_for(self, name: str | None, script: Path) -> Variant:
+        """The variant a script launched by hand runs: `name`, which must be one of this script's
+        variants, or without a name the lab's default when it runs this script, else the first
+        variant that does."""
+        script = Path(script).resolve()
+        if name is not None:
+            variant = self.variant(name)
+            if self.entry_of(variant).resolve() != script:
+                raise UserError(f"Variant {variant.name!r} of lab {self.id!r} runs {self.entry_of(variant).name}, "
+                                f"not {script.name}: launch that script, or pick one of "
+                                f"{', '.join(self.variants_of(script))}.")
+            return variant
+        default = self.variant(None)
+        if self.entry_of(default).resolve() == script:
+            return default
+        return self.variant(self.variants_of(script)[0])
+
+    def variants_of(self, script: Path) -> list[str]:
+        script = Path(script).resolve()
+        return [n for n, v in self.variants.items() if n != "default" and self.entry_of(v).resolve() == script]
+
     def variant(self, name: str | None) -> Variant:
         name = name or self.default_variant
         for variant in self.variants.values():
@@ -92,7 +118,7 @@ def load_lab(folder: Path) -> Lab:
         spec = spec or {}
         variants[name] = Variant(name, spec.get("overrides") or {}, spec.get("aliases") or [],
                                  spec.get("about", ""), spec.get("launcher"), spec.get("ranks"),
-                                 spec.get("restarts"))
+                                 spec.get("restarts"), spec.get("entry"))
     ranks = raw["ranks"]
     return Lab(
         id=raw["id"], number=int(folder.name.split("_")[0]), folder=folder, title=raw["title"],

@@ -120,7 +120,7 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
         notice += f" torchrun restarts every rank up to {restarts} time(s) if one fails."
     if opts.nodes > 1 and port is None:
         port = 29500  # every node must agree on it
-    return Plan(lab.entry_path, launcher, ranks, opts.nodes, opts.node_rank, ranks * opts.nodes, device,
+    return Plan(lab.entry_of(variant), launcher, ranks, opts.nodes, opts.node_rank, ranks * opts.nodes, device,
                 opts.master_addr, port, opts.hostfile, env, notice, max_restarts=restarts)
 
 
