@@ -18,6 +18,7 @@ def test_every_lab_manifest_is_complete():
         assert lab.default_ranks in lab.allowed_ranks
         for variant in lab.variants.values():   # every variant's overrides name real settings
             resolve(lab.settings, variant.overrides)
+            assert lab.entry_of(variant).is_file(), lab.entry_of(variant)
         for name in lab.sweep:
             lab.variant(name)
 
@@ -63,3 +64,21 @@ def test_broken_manifest_is_a_user_error(tmp_path):
 
 def test_labs_root_is_the_repo_folder():
     assert labs.labs_root() == Path(__file__).resolve().parents[1] / "labs"
+
+
+def test_a_variant_may_run_its_own_script(tmp_path):
+    folder = tmp_path / "08_two_scripts"
+    folder.mkdir()
+    (folder / "lab.yaml").write_text(
+        "id: two\ntitle: x\nsections: [a]\nentry: first.py\nranks: {default: 2, allowed: [2]}\n"
+        "settings: {seed: 0}\ndefault_variant: one\n"
+        "variants:\n  one: {}\n  two: {entry: second.py}\n  three: {entry: second.py}\n")
+    lab = labs.load_lab(folder)
+    first, second = folder / "first.py", folder / "second.py"
+    assert lab.entry_of(lab.variant("one")) == first and lab.entry_of(lab.variant("two")) == second
+    # launched by hand, a script runs the lab's default if it is its own, else its first variant
+    assert lab.variant_for(None, first).name == "one"
+    assert lab.variant_for(None, second).name == "two"
+    assert lab.variant_for("three", second).name == "three"
+    with pytest.raises(UserError, match="Variant 'one' of lab 'two' runs first.py, not second.py"):
+        lab.variant_for("one", second)
