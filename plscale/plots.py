@@ -138,9 +138,10 @@ def mesh_grid(layout, path: Path) -> None:
     plt.close(fig)
 
 
-def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str = "MiB") -> None:
+def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str | dict = "MiB") -> None:
     """One panel per entry of `panels` (panel title -> {bar label: (measured, predicted)}):
-    each label's measured bar (solid) beside its predicted one (hatched); None: not measured."""
+    each label's measured bar (solid) beside its predicted one (hatched); None: not measured,
+    or not predicted. `unit`: one for every panel, or panel title -> unit."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -153,9 +154,10 @@ def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str = "MiB
                     continue
                 ax.bar(i + dx, value, 0.38, color="#4c72b0", edgecolor="white", **style)
                 ax.text(i + dx, value, f"{value:.3g}", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(range(len(rows)), [f"{label}\n{'measured | predicted' if got is not None else 'predicted'}"
-                                         for label, (got, _) in rows.items()], fontsize=7)
-        ax.set_ylabel(unit)
+        kinds = {(True, True): "measured | predicted", (True, False): "measured", (False, True): "predicted"}
+        ax.set_xticks(range(len(rows)), [f"{label}\n{kinds[got is not None, want is not None]}"
+                                         for label, (got, want) in rows.items()], fontsize=7)
+        ax.set_ylabel(unit[name] if isinstance(unit, dict) else unit)
         ax.set_title(name, fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -1,4 +1,5 @@
-"""Context parallelism on paper: which tokens each rank holds, and how much attention it computes.
+"""Context parallelism on paper: which tokens each rank holds, how much attention it computes,
+and what its ranks send each other (ring attention and DeepSpeed-Ulysses).
 
 Host-side and pure: `plscale estimate cp` prints it, the context-parallel lab prints it beside
 what its ranks count, and the ranks split their sequences with `positions`, so the lab's
@@ -18,7 +19,53 @@ causal mask a query sees only the keys before it, so the work is a triangle:
 Work is counted as query-key scores that count (unmasked pairs), per sequence and head:
 a chunk pair (i, j) of c tokens each gives c^2 when j < i, c(c + 1)/2 when j = i (the
 diagonal), nothing when j > i.
+
+Communication, per attention layer and micro-batch of b sequences, e bytes an element, d the
+head dimension, a heads, a_kv key/value heads. Every rank holds s/cp tokens whatever the
+split (zig-zag's two chunks are s/2cp each), so one rank's keys (or values) are a block of
+
+    B = b * (s/cp) * a_kv * d * e bytes.
+
+Ring attention (Liu et al., 2023; the zig-zag ring of ring-flash-attention): the k, v blocks
+go round the ring of cp ranks by point-to-point send/recv, one hop a step, while each rank
+attends its queries to the block in hand.
+
+    forward   cp - 1 hops of (k, v)                                  2(cp - 1) B sent
+    backward  cp - 1 hops of (k, v), travelling with the gradient
+              accumulators (dk, dv) that collect every rank's part   4(cp - 1) B
+              and one more hop of the finished (dk, dv), home to
+              the rank that owns those keys                        + 2 B
+    (cp = 1: nothing is sent.)
+
+2(cp - 1) B = 2(cp - 1)/cp of the whole sequence's k and v: each rank's forward volume
+stays about constant (-> 2 b s a_kv d e) as cp grows, and every hop can hide behind the
+attention of the block in hand (send the next block while computing this one).
+
+DeepSpeed-Ulysses (Jacobs et al., 2023; deepspeed.sequence.layer.DistributedAttention)
+swaps the split instead: an all-to-all turns q [b, s/P, a, d] into [b, s, a/P, d] (every
+token, a P-th of the heads), the same for k and v [b, s/P, a_kv, d], attention runs on
+whole sequences, and one more all-to-all turns the output back. Backward runs the four in
+reverse on the gradients. The message (the tensor given to all_to_all_single, what
+DeepSpeed's comms logger records) is the local tensor; a rank keeps 1/P of it and sends
+the rest:
+
+    forward   q, k, v, out: 2 b (s/P) (a + a_kv) d e in 4 messages    sent: (P - 1)/P of it
+    backward  dout, dq, dk, dv: the same
+
+so each rank sends about 2 b s (a + a_kv) d e / P each way: Ulysses' volume falls as 1/P,
+but every all-to-all stands between the projections and the attention (no overlap), and
+P may not exceed (and must divide, here) the number of key/value heads.
+
+    >>> r = ring_bytes(micro_batch=1, seq=1024, cp=4, kv_heads=8, head_dim=64, element_bytes=2)
+    >>> r.block, r.forward // r.block, r.backward // r.block
+    (262144, 6, 14)
+    >>> u = ulysses_bytes(1, 1024, 4, heads=8, kv_heads=8, head_dim=64, element_bytes=2)
+    >>> u.forward_message // u.message_q, u.forward_sent == u.forward_message * 3 // 4
+    (4, True)
 """
+
+from dataclasses import dataclass
+from math import gcd
 
 from plscale.errors import UserError
 

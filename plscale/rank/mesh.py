@@ -91,13 +91,20 @@ class MegatronMPU:
     DeepSpeed then all-reduces gradients over the data-parallel group only, shards ZeRO's
     states over it, and computes the gradient norm once per model-parallel group (weights
     marked `tensor_model_parallel` counted on every rank, replicated ones on its rank 0).
-    For tensor x data parallelism (pp 1, cp 1), where the model-parallel group is the tensor-
-    parallel one, as in Megatron-DeepSpeed; the mesh needs the groups "tp", "dp" and "pp"."""
+    For tensor x context x data parallelism (pp 1), where the model-parallel group is the
+    tensor-parallel one, as in Megatron-DeepSpeed; the mesh needs the groups "tp", "dp" and
+    "pp", and with cp > 1 also "cp" and "dp-cp".
+
+    Context parallelism is what DeepSpeed calls sequence parallelism (Ulysses): its ranks
+    hold the same weights, so gradients are reduced over dp x cp ("sequence data parallel"),
+    SUMMED over cp and averaged over dp. Each cp rank's loss is therefore its tokens' share
+    of the replica's loss (their sum over the sequence / all the sequence's tokens), and the
+    DeepSpeed batch counts dp replicas, not dp x cp ranks."""
 
     def __init__(self, mesh: Mesh):
-        if mesh.layout.pp != 1 or mesh.layout.cp != 1:
-            raise ValueError(f"MegatronMPU covers tensor x data parallelism; this mesh has pp {mesh.layout.pp}, "
-                             f"cp {mesh.layout.cp} (DeepSpeed's pipeline engine builds its own grid)")
+        if mesh.layout.pp != 1:
+            raise ValueError(f"MegatronMPU covers tensor x context x data parallelism; this mesh has pp "
+                             f"{mesh.layout.pp} (DeepSpeed's pipeline engine builds its own grid)")
         self.mesh = mesh
 
     def get_model_parallel_group(self):
@@ -141,3 +148,26 @@ class MegatronMPU:
 
     def get_data_parallel_group_ranks(self):
         return self.mesh.ranks("dp")
+
+    # Context parallelism, in DeepSpeed's words sequence parallelism (cp 1: no split, and the
+    # sequence-data-parallel group is the data-parallel one)
+    def _cp(self, dim: str) -> str:
+        return dim if self.mesh.layout.cp > 1 else "dp"
+
+    def get_sequence_parallel_group(self):  # asked for only when cp > 1
+        return self.mesh.group("cp")
+
+    def get_sequence_parallel_world_size(self):
+        return self.mesh.layout.cp
+
+    def get_sequence_parallel_rank(self):
+        return self.mesh.rank_in("cp") if self.mesh.layout.cp > 1 else 0
+
+    def get_sequence_data_parallel_group(self):
+        return self.mesh.group(self._cp("dp-cp"))
+
+    def get_sequence_data_parallel_world_size(self):
+        return self.mesh.size(self._cp("dp-cp"))
+
+    def get_sequence_data_parallel_rank(self):
+        return self.mesh.rank_in(self._cp("dp-cp"))

@@ -5,7 +5,8 @@
 A lab that splits the model states its degrees in `settings.parallel` ({tp, pp, cp, ep}; absent
 means pure data parallelism): its ranks build their process groups from them
 (`Mesh.build(**settings["parallel"])`), and the DeepSpeed batch counts data-parallel ranks
-only, world / (tp x pp x cp).
+only, world / (tp x pp x cp). A degree given as `world` takes every rank of the run
+(`parallel: {cp: world}`: --gpus 4 gives cp 4); the ranks read the number.
 
 `plscale lab run` does this on the host and writes the result into the run directory
 (settings.json, ds_config.json), which the ranks read. Under a plain launcher
@@ -54,6 +55,8 @@ def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None
                             f"{lab.folder / 'lab.yaml'}.")
         sets.append(f"{lab.steps_setting}={steps}")
     settings = resolve(lab.settings, variant.overrides, sets)
+    if settings.get("parallel"):
+        settings["parallel"] = {k: topology.world_size if v == "world" else v for k, v in settings["parallel"].items()}
     layout = layout_of(settings, topology.world_size)
     lab.check_settings(settings, topology)
     return Resolved(lab, variant, settings, _ds_config(settings, layout, ds_config_file), ds_config_file)
