@@ -1,6 +1,7 @@
 """`plscale estimate memory`: memory per rank for a model, a ZeRO stage and a parallel layout;
 `plscale estimate tp`: tensor (and sequence) parallelism's parameters and collectives per rank;
-`plscale estimate checkpoint`: what a checkpoint writes, and how often to write one."""
+`plscale estimate checkpoint`: what a checkpoint writes, and how often to write one;
+`plscale estimate cp` and `plscale estimate moe`: context and expert parallelism (estimate_parallel.py)."""
 
 import json
 from dataclasses import asdict
@@ -10,6 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli import estimate_parallel
 from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
@@ -33,6 +35,7 @@ def memory(
     tp: int = typer.Option(1, help="Tensor-parallel degree."),
     pp: int = typer.Option(1, help="Pipeline-parallel degree."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism over the TP group (needs --tp >= 2)."),
+    cp: int = typer.Option(1, help="Context-parallel degree: ranks sharing each sequence (seq/cp tokens each)."),
     seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
     micro_batch: int = typer.Option(1, help="Sequences per rank per forward/backward."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step (ZeRO-1 and offload hold "
@@ -65,6 +68,8 @@ def memory(
     sb(4h+2)p/t + 2sbhp (head: sb(2h+1)p/t + sbhp).  --recompute keeps
     L*sbh*p plus one layer.
     Pipeline (1F1B): the first stage holds all L layers' worth.
+    Context parallel (--cp): every activation term for s/cp tokens; model
+    states as without (ZeRO shards over N = dp x cp = gpus / (tp * pp)).
     """
     if model in PRESETS:
         if vocab is not None and vocab < 1:
@@ -76,12 +81,13 @@ def memory(
                         f"{', '.join(PRESETS)} to --model, or drop --vocab.")
     else:
         config, params, largest = None, parse_count(model), 0
-    if gpus < 1 or tp < 1 or pp < 1:
-        raise UserError(f"--gpus, --tp and --pp must be at least 1 (got {gpus}, {tp}, {pp}).")
-    if gpus % (tp * pp):
-        raise UserError(f"--gpus {gpus} is not a multiple of tp {tp} x pp {pp}: data parallel needs "
-                        f"a whole number of ranks; try --gpus {tp * pp * max(1, gpus // (tp * pp))}.")
-    dp = gpus // (tp * pp)
+    if gpus < 1 or tp < 1 or pp < 1 or cp < 1:
+        raise UserError(f"--gpus, --tp, --pp and --cp must be at least 1 (got {gpus}, {tp}, {pp}, {cp}).")
+    model_parallel, mp_text = tp * pp * cp, f"tp {tp} x pp {pp}" + (f" x cp {cp}" if cp > 1 else "")
+    if gpus % model_parallel:
+        raise UserError(f"--gpus {gpus} is not a multiple of {mp_text}: data parallel needs "
+                        f"a whole number of ranks; try --gpus {model_parallel * max(1, gpus // model_parallel)}.")
+    dp = gpus // model_parallel
     if micro_batch < 1 or grad_accum < 1:
         raise UserError(f"--micro-batch and --grad-accum must be at least 1 (got {micro_batch}, {grad_accum}).")
     if global_batch is not None and global_batch != micro_batch * grad_accum * dp:
@@ -94,9 +100,9 @@ def memory(
     if budget is not None and budget <= 0:
         raise UserError(f"--budget {budget:g}: give the GiB one device has, for example --budget 80.")
     seq = seq or (min(config.max_seq, 2048) if config else 1024)
-    setup = Setup(params=params, stage=stage, dp=dp, precision=precision, offload_optimizer=offload_optimizer,
+    setup = Setup(params=params, stage=stage, dp=dp * cp, precision=precision, offload_optimizer=offload_optimizer,
                   offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
-                  grad_accum=grad_accum, recompute=recompute, largest_layer=largest, accounting=accounting)
+                  grad_accum=grad_accum, recompute=recompute, largest_layer=largest, accounting=accounting, cp=cp)
     result = estimate(setup)
     need = gib(result.total("device"))
     if as_json:
@@ -105,7 +111,8 @@ def memory(
         return
 
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
-                        f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}", title_justify="left")
+                        f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}"
+                        f"{f' x cp {cp}' if cp > 1 else ''}", title_justify="left")
     unit, scale = ("GiB", 2**30) if result.total("device") + result.total("host") >= 2**30 else ("MiB", 2**20)
     for column in ("", f"device {unit}", f"host {unit}", "formula"):
         table.add_column(column, justify="right" if unit in column else "left")
@@ -115,7 +122,8 @@ def memory(
         table.add_row(LABELS["activations"], "n/a", "", "needs a model shape: pass a preset to --model")
     table.add_row("[bold]total[/]", f"[bold]{result.total('device') / scale:.2f}[/]",
                   f"[bold]{result.total('host') / scale:.2f}[/]",
-                  f"micro batch {micro_batch} x seq {seq}, accumulation {grad_accum}, "
+                  f"micro batch {micro_batch} x seq {seq}{f' ({seq // cp} a rank)' if cp > 1 else ''}, "
+                  f"accumulation {grad_accum}, "
                   f"recompute {'on' if recompute else 'off'}")
     console.print(table)
     _check_budget(budget, need, model, stage, gpus)
@@ -197,6 +205,10 @@ def tensor_parallel(
     console.print(f"Megatron paper (Shoeybi et al., 2019), transformer layers only: {paper['forward']} all-reduces "
                   f"forward and {paper['backward']} backward per micro-batch (2 per layer each way, L = "
                   f"{config.layers})" + ("; SP: each becomes a reduce-scatter + an all-gather." if sp else "."))
+
+
+app.command("cp")(estimate_parallel.context_parallel)
+app.command("moe")(estimate_parallel.experts)
 
 
 @app.command("checkpoint")

@@ -68,6 +68,7 @@ from dataclasses import dataclass
 from math import gcd
 
 from plscale.errors import UserError
+from plscale.predict.presets import ModelConfig
 
 SPLITS = ("plain", "zigzag")
 
@@ -115,3 +116,137 @@ def attention_work(seq: int, cp: int, split: str, causal: bool = True) -> list[i
 def imbalance(work: list) -> float:
     """max / min work per rank: 1.0 is perfect balance."""
     return max(work) / min(work) if min(work) else float("inf")
+
+
+# ---- communication -----------------------------------------------------------------------------
+
+def _check_tokens(seq: int, cp: int, micro_batch: int = 1) -> None:
+    if cp < 1:
+        raise UserError(f"cp {cp}: context parallelism needs at least 1 rank; use cp 1 (no split) or more.")
+    if seq < 1 or micro_batch < 1:
+        raise UserError(f"seq {seq} and micro batch {micro_batch} must be at least 1.")
+    if seq % cp:
+        raise UserError(f"sequence length {seq} does not split over cp {cp} ranks: use a multiple of {cp}.")
+
+
+@dataclass(frozen=True)
+class RingBytes:
+    """Bytes one rank sends by point-to-point per attention layer and micro-batch (ring attention)."""
+    cp: int
+    block: int           # one rank's keys (or values): b * s/cp * a_kv * d * e
+    forward: int         # 2(cp - 1) blocks: k, v
+    backward: int        # 4(cp - 1) + 2 blocks: k, v with dk, dv; then dk, dv home (0 at cp 1)
+
+    @property
+    def total(self) -> int:
+        return self.forward + self.backward
+
+
+def ring_bytes(micro_batch: int, seq: int, cp: int, kv_heads: int, head_dim: int,
+               element_bytes: int) -> RingBytes:
+    """What each rank of a ring of cp sends per attention layer and micro-batch.
+
+    >>> ring_bytes(2, 64, 2, kv_heads=4, head_dim=32, element_bytes=4)   # block 2*32*4*32*4
+    RingBytes(cp=2, block=32768, forward=65536, backward=196608)
+    >>> ring_bytes(2, 64, 1, 4, 32, 4).total
+    0
+    """
+    _check_tokens(seq, cp, micro_batch)
+    block = micro_batch * (seq // cp) * kv_heads * head_dim * element_bytes
+    hops = cp - 1
+    return RingBytes(cp, block, 2 * hops * block, (4 * hops + 2) * block if cp > 1 else 0)
+
+
+def ulysses_degrees(heads: int, kv_heads: int) -> list[int]:
+    """The Ulysses degrees that divide both the query heads and the key/value heads."""
+    common = gcd(heads, kv_heads)
+    return [d for d in range(1, common + 1) if common % d == 0]
+
+
+def check_ulysses(heads: int, kv_heads: int, degree: int) -> None:
+    """One line when the heads do not split over the Ulysses degree.
+
+    (DeepSpeed itself also splits heads unevenly, with at least one key/value head a rank;
+    this model, like the lab, keeps to even splits.)"""
+    if degree < 1:
+        raise UserError(f"Ulysses degree {degree}: use 1 (no split) or more.")
+    if heads % degree or kv_heads % degree:
+        ok = ulysses_degrees(heads, kv_heads)
+        choices = ok[0] if len(ok) == 1 else f"{', '.join(map(str, ok[:-1]))} or {ok[-1]}"
+        raise UserError(f"{heads} heads and {kv_heads} key/value heads do not split over Ulysses degree {degree}: "
+                        f"use degree {choices} (they divide both), or ring attention.")
+
+
+@dataclass(frozen=True)
+class UlyssesBytes:
+    """DeepSpeed-Ulysses' all-to-alls per attention layer and micro-batch, one rank of P."""
+    degree: int
+    message_q: int       # the message of q's all-to-all, and of the output's: b * s/P * a * d * e
+    message_kv: int      # of k's, and of v's: b * s/P * a_kv * d * e
+
+    @property
+    def calls(self) -> int:
+        """all_to_all_single calls per phase (forward; backward the same): q, k, v, out."""
+        return 4 if self.degree > 1 else 0
+
+    @property
+    def forward_message(self) -> int:
+        return 2 * (self.message_q + self.message_kv) if self.degree > 1 else 0
+
+    @property
+    def forward_sent(self) -> int:
+        """(P - 1)/P of every message leaves the rank; it keeps the P-th addressed to itself."""
+        return self.forward_message // self.degree * (self.degree - 1)
+
+    backward_message = forward_message   # dout, dq, dk, dv: the same shapes in reverse
+    backward_sent = forward_sent
+
+    @property
+    def total_sent(self) -> int:
+        return self.forward_sent + self.backward_sent
+
+
+def ulysses_bytes(micro_batch: int, seq: int, cp: int, heads: int, kv_heads: int, head_dim: int,
+                  element_bytes: int) -> UlyssesBytes:
+    """DeepSpeed-Ulysses (DistributedAttention) over cp = P ranks, per attention layer.
+
+    >>> u = ulysses_bytes(2, 64, 2, heads=4, kv_heads=4, head_dim=32, element_bytes=4)
+    >>> u.message_q, u.forward_message, u.forward_sent, u.total_sent
+    (32768, 131072, 65536, 131072)
+    """
+    _check_tokens(seq, cp, micro_batch)
+    check_ulysses(heads, kv_heads, cp)
+    local = micro_batch * (seq // cp) * head_dim * element_bytes
+    return UlyssesBytes(cp, local * heads, local * kv_heads)
+
+
+@dataclass(frozen=True)
+class CommRow:
+    """One (seq, cp) of `comm_table`: bytes one rank sends per attention layer, forward + backward."""
+    seq: int
+    cp: int
+    ring: int
+    ulysses: int | None  # None: the heads do not split over cp
+
+
+def comm_table(config: ModelConfig, micro_batch: int, seqs, cps, element_bytes: int) -> list[CommRow]:
+    """Ring and Ulysses bytes sent per rank per layer (forward + backward) for every seq x cp,
+    skipping pairs where seq does not split over cp. The lesson in the numbers: down a column
+    of cp, ring's bytes stay near 6 b s a_kv d e (2(cp-1)/cp of k, v forward) while Ulysses'
+    fall as 1/P; both double with seq.
+
+    >>> from plscale.predict.presets import preset
+    >>> [(r.cp, r.ring, r.ulysses) for r in comm_table(preset("small"), 1, [128], [2, 4, 8], 2)]
+    [(2, 262144, 131072), (4, 327680, 98304), (8, 360448, None)]
+    """
+    rows = []
+    for seq in seqs:
+        for cp in cps:
+            if seq % cp:
+                continue
+            ring = ring_bytes(micro_batch, seq, cp, config.kv_heads, config.head_dim, element_bytes).total
+            split = config.heads % cp == 0 and config.kv_heads % cp == 0
+            uly = ulysses_bytes(micro_batch, seq, cp, config.heads, config.kv_heads, config.head_dim,
+                                element_bytes).total_sent if split else None
+            rows.append(CommRow(seq, cp, ring, uly))
+    return rows

@@ -12,18 +12,51 @@ tokens per micro-batch and rank (GShard's capacity; DeepSpeed's `_capacity`):
 (DeepSpeed's top-2 gate passes 2 x capacity_factor, the same formula with k = 2.) Tokens
 routed to a full expert are dropped: that route adds nothing, and the residual carries the
 token past the MLP unchanged.
+
+The capacity factor is the trade GShard (Lepikhin et al., 2020) and Switch (Fedus et al.,
+2021) tune: with perfectly even routing k*S routes fill E*C >= k*S*capacity_factor slots,
+so a factor above 1 buys headroom for uneven routing with padding (empty slots still
+computed, sent and held in memory), and a factor below 1 drops at least 1 - E*C/(k*S) of
+the routes even when routing is even. Switch trains well with 1.0-1.25.
+
+Expert parallelism (DeepSpeed MoE, ep ranks in an expert-parallel group) gives each rank
+E/ep whole experts. Each rank builds the [E, C, h] buffer of its tokens for every expert,
+and an all-to-all sends each expert's rows to the rank that owns it (dispatch); the experts'
+outputs return by a second all-to-all (combine); backward runs both again on the gradients.
+Per MoE layer and micro-batch, e bytes an element:
+
+    4 all-to-alls of E * C * h * e bytes    (dispatch and combine, forward and backward)
+    each rank sends (ep - 1)/ep of every message (it keeps the ep-th for its own experts)
+
+none at ep 1 (DeepSpeed skips the all-to-all). The message does not shrink with ep: what
+the capacity factor pads is padding on the wire too.
+
+Parameters: the experts are split over ep; everything else (embedding, attention, norms,
+the router's h x E gate, the head) is replicated. DeepSpeed then averages the expert
+gradients over the dp/ep ranks that hold the same experts (expert data parallelism), the
+rest over all dp ranks.
+
+    >>> capacity(tokens=1024, experts=8, top_k=2, capacity_factor=1.25)
+    320
+    >>> m = alltoall_bytes(1024, 8, 2, 1.25, hidden=256, ep=4, element_bytes=2)
+    >>> m.message == 8 * 320 * 256 * 2, m.sent == m.message * 3 // 4, m.calls
+    (True, True, 4)
 """
 
+from dataclasses import dataclass
 from math import ceil
 
 from plscale.errors import UserError
+from plscale.predict.presets import ModelConfig, param_count
 
 
 def check_experts(experts: int, ep: int) -> None:
     if experts < 1:
         raise UserError(f"experts {experts}: use 1 or more experts.")
-    if ep < 1 or experts % ep:
-        ok = [str(d) for d in range(1, experts + 1) if experts % d == 0]
+    ok = [str(d) for d in range(1, experts + 1) if experts % d == 0]
+    if ep < 1:
+        raise UserError(f"ep {ep}: expert parallelism needs at least 1 rank; use ep {', '.join(ok)}.")
+    if experts % ep:
         raise UserError(f"{experts} experts do not split over ep {ep} ranks: use ep {', '.join(ok)}, "
                         f"or a number of experts divisible by {ep}.")
 
@@ -42,3 +75,84 @@ def check_top_k(top_k: int, experts: int) -> None:
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float, min_capacity: int = 0) -> int:
     """Tokens each expert takes per micro-batch and rank."""
     return max(ceil(tokens / experts * (top_k * capacity_factor)), min_capacity)  # DeepSpeed's order of operations
+
+
+@dataclass(frozen=True)
+class MoEAllToAll:
+    """One rank's all-to-alls per MoE layer and micro-batch (DeepSpeed's MOELayer)."""
+    ep: int
+    capacity: int        # C, tokens per expert
+    message: int         # E * C * h * e: the [E, C, h] buffer given to all_to_all_single
+
+    @property
+    def calls(self) -> int:
+        """dispatch and combine, forward and backward (none at ep 1)."""
+        return 4 if self.ep > 1 else 0
+
+    @property
+    def sent(self) -> int:
+        """Bytes the rank sends in one all-to-all: (ep - 1)/ep of the message."""
+        return self.message // self.ep * (self.ep - 1) if self.ep > 1 else 0
+
+    @property
+    def total_message(self) -> int:
+        return self.calls * self.message
+
+    @property
+    def total_sent(self) -> int:
+        return self.calls * self.sent
+
+
+def alltoall_bytes(tokens: int, experts: int, top_k: int, capacity_factor: float, hidden: int, ep: int,
+                   element_bytes: int, min_capacity: int = 0) -> MoEAllToAll:
+    """All-to-all bytes per MoE layer and micro-batch of `tokens` tokens on this rank.
+
+    >>> a = alltoall_bytes(tokens=64, experts=4, top_k=1, capacity_factor=1.0, hidden=8, ep=2, element_bytes=4)
+    >>> a.capacity, a.message, a.sent, a.total_sent
+    (16, 2048, 1024, 4096)
+    """
+    check_experts(experts, ep)
+    check_capacity(capacity_factor)
+    check_top_k(top_k, experts)
+    if tokens < 1:
+        raise UserError(f"tokens {tokens}: a micro-batch has at least one token.")
+    c = capacity(tokens, experts, top_k, capacity_factor, min_capacity)
+    return MoEAllToAll(ep, c, experts * c * hidden * element_bytes)
+
+
+@dataclass(frozen=True)
+class ExpertParams:
+    """Parameters of a Llama-shaped model whose MLPs (every `every`-th layer) are E experts."""
+    dense: int           # embedding(s), attention, norms, the dense MLPs left, the final norm
+    gates: int           # the routers: h x E per MoE layer
+    experts: int         # every expert of every MoE layer: 3hf each
+    moe_layers: int
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.gates + self.experts
+
+    def per_rank(self, ep: int) -> int:
+        """What one rank of an expert-parallel group of ep holds: a ep-th of the experts, all the rest."""
+        return self.dense + self.gates + self.experts // ep
+
+
+def expert_params(config: ModelConfig, experts: int, every: int = 1) -> ExpertParams:
+    """Each MoE layer's SwiGLU MLP (3hf) becomes `experts` copies and a router gate (h x E);
+    `every` = 2 makes every other layer MoE (DeepSpeed-Megatron's expert interval).
+
+    >>> from plscale.predict.presets import param_count, preset
+    >>> p = expert_params(preset("small"), 8)     # L 4, h 256, f 704
+    >>> p.experts == 4 * 8 * 3 * 256 * 704, p.gates == 4 * 256 * 8, p.per_rank(4) == p.dense + p.gates + p.experts // 4
+    (True, True, True)
+    >>> p.dense == param_count(preset("small")) - 4 * 3 * 256 * 704
+    True
+    """
+    if experts < 1:
+        raise UserError(f"experts {experts}: use 1 or more experts.")
+    if every < 1:
+        raise UserError(f"every {every}: an MoE layer every 1 (all layers) or more layers.")
+    mlp = 3 * config.hidden * config.ffn
+    moe_layers = config.layers // every
+    return ExpertParams(param_count(config) - moe_layers * mlp, moe_layers * config.hidden * experts,
+                        moe_layers * experts * mlp, moe_layers)

@@ -65,6 +65,15 @@ here (Megatron-LM gathers it again in backward instead, and keeps only its slice
 
 Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
 micro-batches of L/pp layers, the whole model's worth (Korthikanti et al., 2022).
+
+Context parallelism (cp ranks share each sequence, s/cp tokens each) cuts every term above,
+layers and head, to s/cp tokens: ring attention and Ulysses each keep only their own tokens'
+q, k, v, output and log-sum-exp (the k, v blocks that pass through a ring rank, and Ulysses'
+whole-sequence heads, are transient). The model states do not change: the cp ranks of a
+group hold the same weights and see different tokens of the same sequences, so their
+gradients are summed like data parallelism's, and ZeRO shards over dp x cp ranks
+(DeepSpeed's sequence-data-parallel group, Megatron's dp-cp group). `dp` here is that N,
+the ranks ZeRO shards over, whatever cp is: give dp x cp.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -103,10 +112,16 @@ class Setup:
     recompute: bool = False
     largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
     accounting: str = "paper"         # "paper" or "deepspeed"
+    cp: int = 1                       # context-parallel ranks per sequence: activations of seq / cp tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of each sequence one rank holds: seq / cp."""
+        return self.seq // self.cp
 
     def validate(self) -> None:
         require_valid_zero(self.stage, self.precision, self.offload_optimizer, self.offload_param)
-        for name in ("dp", "tp", "pp", "seq", "micro_batch", "grad_accum"):
+        for name in ("dp", "tp", "pp", "cp", "seq", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
         if self.accounting not in ("paper", "deepspeed"):
@@ -116,7 +131,12 @@ class Setup:
                             "use --accounting paper for stages 0-1 or fp32.")
         if self.sp and self.tp == 1:
             raise UserError("sequence parallelism needs tp >= 2: raise --tp or drop --sp.")
-        if self.sp and self.seq % self.tp:
+        if self.seq % self.cp:
+            raise UserError(f"--seq {self.seq} does not split over cp {self.cp} ranks: use a multiple of {self.cp}.")
+        if self.sp and self.tokens % self.tp:
+            if self.cp > 1:
+                raise UserError(f"--seq {self.seq} / cp {self.cp} = {self.tokens} tokens do not split into {self.tp} "
+                                f"sequence shards: use a multiple of {self.cp * self.tp} with --sp.")
             raise UserError(f"--seq {self.seq} does not split into {self.tp} sequence shards: use a multiple of "
                             f"{self.tp} with --sp.")
         if self.model and self.tp > 1:
@@ -249,14 +269,14 @@ def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
 def layer_activation_bytes(s: Setup) -> float:
     """Bytes one decoder layer saves for backward, per micro-batch (see the module doc)."""
     c, e, t = s.model, BYTES[s.precision], s.tp
-    sb = s.seq * s.micro_batch
+    sb = s.tokens * s.micro_batch
     norms = sb * (4 * c.hidden + 2) * e / t + sb * 2 * c.hidden * e if s.sp else sb * (6 * c.hidden + 2) * e
     return norms + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t + 4 * c.heads * sb / t
 
 
 def head_activation_bytes(s: Setup) -> float:
     """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
-    c, e, sb = s.model, BYTES[s.precision], s.seq * s.micro_batch
+    c, e, sb = s.model, BYTES[s.precision], s.tokens * s.micro_batch
     norm = sb * (2 * c.hidden + 1) * e / s.tp + sb * c.hidden * e if s.sp else sb * (3 * c.hidden + 1) * e
     return norm + 4 * sb * c.vocab / s.tp
 
@@ -267,7 +287,7 @@ def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> 
     c, e = s.model, BYTES[s.precision]
     layers = c.layers if layers is None else layers
     if s.recompute:  # each layer's input, a sequence slice of it under sequence parallelism
-        kept = layers * s.seq * s.micro_batch * c.hidden * e / (s.tp if s.sp else 1) \
+        kept = layers * s.tokens * s.micro_batch * c.hidden * e / (s.tp if s.sp else 1) \
             + (layer_activation_bytes(s) if layers else 0)
     else:
         kept = layers * layer_activation_bytes(s)
@@ -279,7 +299,8 @@ def _activation_formula(s: Setup) -> str:
     norms = "sb(4h+2)p/t + 2sbhp" if s.sp else "sb(6h+2)p"
     layer = f"{norms} + sb(3h+2h_kv+4f)p{t} + 4asb{t}"
     kept = "L·sbhp/t" if s.sp else "L·sbhp"
-    return (f"{kept} + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
+    formula = (f"{kept} + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
+    return formula.replace("sb", "(s/cp)b") if s.cp > 1 else formula  # each rank's s/cp tokens
 
 
 def gib(nbytes: float) -> float:
