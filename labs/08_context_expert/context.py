@@ -1,0 +1,276 @@
+"""Lab 08, context parallelism: the sequence split over ranks, attention across the split.
+
+Long sequences run out of memory in the activations, which grow with s (and attention's
+work with s^2). Context parallelism gives each of cp ranks s/cp tokens of every sequence.
+Everything but attention works token by token and needs nothing from the other ranks;
+attention needs every earlier key. Two ways to give it them:
+
+    ring attention  each rank keeps its queries; key/value blocks go round the ring, and the
+                    partial results merge with the online softmax (rescaled by log-sum-exp)
+    Ulysses         an all-to-all trades the sequence split for a head split: each rank then
+                    attends over the whole sequence with heads / cp heads, and trades back
+
+With a causal mask the plain split leaves the last rank most of the work; the zig-zag split
+(2cp chunks, rank r holds chunks r and 2cp - 1 - r) evens it out. The lab checks both
+attentions against attention on one rank, measures the balance, the bytes each rank sends
+and the activations per rank against their predictions (plscale estimate cp), then trains
+the Llama with its sequence split, through DeepSpeed, against the dense model's loss.
+
+    plscale lab run ring-attention --gpus 2      (--gpus 4: cp 4; the ulysses variant: DeepSpeed-Ulysses)
+    deepspeed --num_gpus 2 labs/08_context_expert/context.py --variant ulysses   (DS_ACCELERATOR=cpu without GPUs)
+"""
+
+import copy
+from dataclasses import replace
+
+import deepspeed
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from plscale import plots
+from plscale.predict import context_parallel as predict, memory
+from plscale.predict.presets import preset
+from plscale.rank import comms, runtime
+from plscale.rank.census import saved_activations
+from plscale.rank.context_parallel import ring_attention as ring, ulysses
+from plscale.rank.context_parallel.llama import ContextParallelLlama, split_batch
+from plscale.rank.data import wikitext
+from plscale.rank.mesh import MegatronMPU, Mesh
+from plscale.rank.metrics import figure
+from plscale.rank.models.llama import Llama
+from plscale.rank.reference import largest_gap, reference_losses
+
+MiB = 2**20
+ctx = runtime.start(__file__)
+S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
+CP, opts, seq, seed = S["parallel"]["cp"], S["cp"], S["model"]["seq"], S["seed"]
+attention, split = opts["attention"], opts["split"]
+micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+config = preset(S["model"]["preset"])
+heads, kv_heads, head_dim = config.heads, config.kv_heads, config.head_dim
+figures = []
+
+# ---- The mesh: the ranks that share each sequence (cp), and the replicas (dp) --------------
+mesh = Mesh.build(cp=CP, dims=("tp", "cp", "dp", "dp-cp", "pp"))
+group, me, dp, replica = mesh.group("cp"), mesh.rank_in("cp"), mesh.size("dp"), mesh.rank_in("dp")
+ctx.log(f"mesh: {mesh.layout}\n  context-parallel groups (cp): {mesh.layout.groups('cp')}   each sequence "
+        f"split across these ranks\n  gradients summed over dp x cp: {mesh.layout.groups('dp-cp')}")
+if ctx.is_main:
+    plots.mesh_grid(mesh.layout, ctx.run_dir / "mesh.png")
+
+
+def attend(kind: str, cut: str, q, k, v):
+    """The rank's slice of q, k, v ([b, heads, s, d], whole on every rank) through one attention."""
+    mine = torch.tensor(predict.positions(q.shape[2], CP, me, cut), device=q.device)
+    local = [t[:, :, mine].detach().requires_grad_() for t in (q, k, v)]
+    out = (ring.ring_attention(*local, group, mine.tolist()) if kind == "ring"
+           else ulysses.ulysses_attention(*local, group))
+    return mine, local, out
+
+
+def largest_over_ranks(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
+# ---- 1. Attention split over the ranks equals attention on one rank (float64) ---------------
+g = torch.Generator().manual_seed(seed)
+q, k, v = (torch.randn(2, h, seq, head_dim, generator=g, dtype=torch.float64).to(dev).requires_grad_()
+           for h in (heads, kv_heads, kv_heads))
+dout = torch.randn(2, heads, seq, head_dim, generator=g, dtype=torch.float64).to(dev)
+full = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
+full.backward(dout)
+ctx.log(f"\nattention over {seq} tokens split across cp {CP}, against attention on one rank (float64, causal)")
+for kind, cut in (("ring", "plain"), ("ring", "zigzag"), ("ulysses", "plain")):
+    mine, local, out = attend(kind, cut, q, k, v)
+    out.backward(dout[:, :, mine])
+    gaps = {"output": (out - full[:, :, mine]).abs().max().item()}
+    for name, whole, part in zip(("dq", "dk", "dv"), (q, k, v), local):
+        gaps[name] = (part.grad - whole.grad[:, :, mine]).abs().max().item()
+    worst = {name: largest_over_ranks(gap) for name, gap in gaps.items()}
+    label = f"{kind} attention, {cut} split" if kind == "ring" else "Ulysses (DeepSpeed DistributedAttention)"
+    ctx.log(f"  {label:42}" + "  ".join(f"{n} {gap:.1e}" for n, gap in worst.items()))
+    ctx.check(f"{label} equals full attention", max(worst.values()) <= 1e-10,
+              f"largest gap over ranks, output and gradients: {max(worst.values()):.1e} (tolerance 1e-10)")
+
+# ---- 2. The causal imbalance: the plain split against the zig-zag one ----------------------
+long = opts["balance_seq"]
+g = torch.Generator().manual_seed(seed)
+q, k, v = (torch.randn(1, h, long, head_dim, generator=g).to(dev).requires_grad_() for h in (heads, kv_heads, kv_heads))
+balance = {}
+for cut in ("plain", "zigzag"):
+    seconds = []
+    for _ in range(2):  # the faster of two runs: the first pays for allocation
+        ring.TALLY.reset()
+        _, _, out = attend("ring", cut, q, k, v)
+        out.sum().backward()
+        seconds.append(sum(ring.TALLY.compute_seconds.values()))
+    mine = (ring.TALLY.scores["forward"], min(seconds))  # scores per sequence and head; compute seconds
+    everyone = [None] * CP
+    dist.all_gather_object(everyone, mine, group=group)
+    balance[cut] = everyone
+if ctx.is_main:
+    ctx.log(f"\ncausal attention of one {long}-token sequence, work per rank (query-key scores per head) "
+            f"and compute time (forward + backward), measured / predicted")
+    panels = {}
+    for cut, rows in balance.items():
+        want = predict.attention_work(long, CP, cut)
+        work, times = [w for w, _ in rows], [t for _, t in rows]
+        ctx.log(f"  {cut:7} " + "  ".join(f"rank {r}: {w / 1e6:.3f} / {p / 1e6:.3f} M, {1e3 * t:.0f} ms"
+                                          for r, (w, t, p) in enumerate(zip(work, times, want))))
+        ctx.log(f"          max/min work {predict.imbalance(work):.2f} (predicted {predict.imbalance(want):.2f}), "
+                f"max/min time {max(times) / min(times):.2f}")
+        ctx.check(f"{cut} split: work per rank as predicted", work == want,
+                  f"{[int(w) for w in work]} scores measured, {want} predicted (plscale estimate cp)")
+        figures += [figure(f"{cut} split: max/min attention work", round(predict.imbalance(work), 3), "x",
+                           round(predict.imbalance(want), 3)),
+                    figure(f"{cut} split: max/min attention time", round(max(times) / min(times), 3), "x", None,
+                           "compute only, forward + backward")]
+        panels[f"{cut}: work per rank, M scores"] = {f"rank {r}": (w / 1e6, p / 1e6)
+                                                     for r, (w, p) in enumerate(zip(work, want))}
+        panels[f"{cut}: time per rank, ms"] = {f"rank {r}": (1e3 * t, None) for r, t in enumerate(times)}
+    zigzag = predict.imbalance([w for w, _ in balance["zigzag"]])
+    ctx.check("zig-zag evens the causal work", abs(zigzag - 1) <= 0.1,
+              f"max/min {zigzag:.3f} (target within 10% of 1.0; the plain split's "
+              f"{predict.imbalance([w for w, _ in balance['plain']]):.2f})")
+    plots.measured_vs_predicted(ctx.run_dir / "balance.png", panels,
+                                f"causal attention over {long} tokens on cp {CP}: plain split vs zig-zag",
+                                unit={name: name.split(", ")[-1] for name in panels})
+
+# ---- 3. Activations per rank against the sequence length, with and without cp --------------
+corpus = wikitext.load_text()
+tokens = wikitext.tokenize(corpus, config.vocab)
+config = config.with_vocab(tokens.vocab)
+torch.manual_seed(seed)
+dense = Llama(config).to(dev)
+initial = copy.deepcopy(dense.state_dict())
+split_model = ContextParallelLlama(config, group, attention, split).to(dev)
+split_model.load_state_dict(initial)
+setup = replace(memory.setup_from_ds_config(ds, mesh.size("dp-cp"), config, seq), micro_batch=1)
+acts = []
+for length in opts["memory_seqs"]:
+    x = torch.randint(0, config.vocab, (1, length + 1), generator=torch.Generator().manual_seed(seed)).to(dev)
+    with saved_activations() as whole:
+        dense(x[:, :-1].clone(), x[:, 1:].clone())
+    with saved_activations() as part:
+        split_model(*split_batch(x[:, :-1], x[:, 1:], CP, me, split))
+    mine = [part.bytes]
+    dist.all_gather_object(everyone := [None] * CP, mine[0], group=group)
+    acts.append((length, whole.bytes, memory.activation_bytes(replace(setup, seq=length)), max(everyone),
+                 memory.activation_bytes(replace(setup, seq=length, cp=CP))))
+if ctx.is_main:
+    ctx.log(f"\nactivations saved for backward, one sequence, MiB per rank, measured / predicted "
+            f"('{S['model']['preset']}', {attention} attention)")
+    for length, got1, want1, got, want in acts:
+        ctx.log(f"  seq {length:6}   one rank {got1 / MiB:8.2f} / {want1 / MiB:.2f}   cp {CP} {got / MiB:8.2f} / "
+                f"{want / MiB:.2f}   saved {1 - got / got1:.0%}")
+    off = max(max(abs(a - b) / b for a, b in ((r[1], r[2]), (r[3], r[4]))) for r in acts)
+    ctx.check("activations per rank match the memory model", off <= S["memory"]["tolerance"],
+              f"worst off by {100 * off:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
+    last = acts[-1]
+    figures += [figure(f"activations per rank, seq {last[0]}, cp {CP}", round(last[3] / MiB, 3), "MiB",
+                       round(last[4] / MiB, 3)),
+                figure(f"activations, seq {last[0]}, one rank", round(last[1] / MiB, 3), "MiB", round(last[2] / MiB, 3))]
+    lengths = [r[0] for r in acts]
+    plots.line_plot(ctx.run_dir / "memory.png", {
+        "one rank, measured": (lengths, [r[1] / MiB for r in acts]),
+        "one rank, predicted": (lengths, [r[2] / MiB for r in acts]),
+        f"cp {CP}, measured": (lengths, [r[3] / MiB for r in acts]),
+        f"cp {CP}, predicted": (lengths, [r[4] / MiB for r in acts])},
+        f"activations per rank against sequence length ('{S['model']['preset']}')", "sequence length", "MiB",
+        styles={"one rank, measured": "o", "one rank, predicted": "-", f"cp {CP}, measured": "s",
+                f"cp {CP}, predicted": "--"})
+
+# ---- 4. Training: the Llama with its sequences split, through DeepSpeed ---------------------
+# Each cp rank's loss is its tokens' share; DeepSpeed, told the mesh (MegatronMPU), sums the
+# gradients over cp and averages them over dp.
+engine, *_ = deepspeed.initialize(model=split_model, model_parameters=split_model.parameters(), config=ds,
+                                  mpu=MegatronMPU(mesh))
+blocks = wikitext.pack(tokens.train, seq)
+shards = [wikitext.Shards(blocks, micro, accum, r, dp, seed) for r in range(dp)]
+
+
+def batch(step: int, of_replica: int = replica) -> list:
+    return [(b[:, :-1].to(dev), b[:, 1:].to(dev)) for b in shards[of_replica].step(step)]
+
+
+ctx.log(f"\ntraining: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, "
+        f"each split over cp {CP} ({split} split), {attention} attention")
+steps, losses = S["train"]["steps"], []
+for step in range(steps):
+    total = 0.0
+    for x, y in batch(step):
+        loss = engine(*split_batch(x, y, CP, me, split))
+        engine.backward(loss)
+        engine.step()
+        total += loss.item()
+    mean = torch.tensor([total / accum], dtype=torch.float64, device=dev)
+    dist.all_reduce(mean, group=mesh.group("dp-cp"))  # shares add up over cp; replicas average
+    losses.append(mean.item() / dp)
+    ctx.metrics.step(step=step, loss=losses[-1])
+    ctx.metrics.progress(f"cp {CP}, {attention}", step + 1, steps, f"loss {losses[-1]:.4f}")
+
+parity = min(S["train"]["parity_steps"], steps)
+if ctx.is_main and parity:
+    reference = Llama(config).to(dev)
+    reference.load_state_dict(initial)
+    want = reference_losses(reference, ds, lambda step: [mb for r in range(dp) for mb in batch(step, r)], parity)
+    gap = largest_gap(losses, want)
+    ctx.log("loss, context-parallel vs dense: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
+    ctx.check("the split Llama follows the dense model's loss", gap <= 1e-5,
+              f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
+# ---- 5. Bytes each rank sends per layer, as the sequence grows: ring and Ulysses -----------
+# Ring: the ring's own tally of point-to-point sends. Ulysses: DeepSpeed's comms logger (on once
+# deepspeed.initialize has read ds.comms_logger), which records each all-to-all's whole
+# message; (P - 1)/P of it leaves the rank.
+traffic, logged = [], comms.enabled()
+for length in opts["comm_seqs"]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, h, length, head_dim, generator=g).to(dev).requires_grad_()
+               for h in (heads, kv_heads, kv_heads))
+    ring.TALLY.reset()
+    attend("ring", "zigzag", q, k, v)[2].sum().backward()
+    ring_sent = sum(ring.TALLY.sent_bytes.values())
+    ulysses.TALLY.reset()
+    before = comms.snapshot() if logged else None
+    attend("ulysses", "plain", q, k, v)[2].sum().backward()
+    if logged:
+        message = comms.per_step(before, comms.snapshot(), 1).get("all_to_all_single", comms.Traffic(0, 0, 0)).bytes
+    else:
+        message = sum(b for _, b in ulysses.TALLY.rows().values())
+    want_ring = predict.ring_bytes(1, length, CP, kv_heads, head_dim, 4)
+    want_uly = predict.ulysses_bytes(1, length, CP, heads, kv_heads, head_dim, 4)
+    traffic.append((length, ring_sent, want_ring.total, message * (CP - 1) / CP, want_uly.total_sent))
+if ctx.is_main:
+    ctx.log(f"\nbytes each rank sends per attention layer (forward + backward, one sequence, fp32), "
+            f"measured / predicted; Ulysses from {'DeepSpeed' + chr(39) + 's comms logger' if logged else 'its tally'}")
+    for length, got_ring, want_ring, got_uly, want_uly in traffic:
+        ctx.log(f"  seq {length:6}   ring {got_ring / MiB:8.3f} / {want_ring / MiB:.3f} MiB   "
+                f"Ulysses {got_uly / MiB:8.3f} / {want_uly / MiB:.3f} MiB   ring / Ulysses {got_ring / got_uly:.2f}")
+    off = max(max(abs(a - b) / b for a, b in ((r[1], r[2]), (r[3], r[4]))) for r in traffic)
+    ctx.check("bytes per rank as predicted, ring and Ulysses", off <= 1e-9,
+              f"largest gap {100 * off:.2g}% over {len(traffic)} sequence lengths")
+    ctx.log(f"  as cp grows (predicted, seq {traffic[-1][0]}): " + "  ".join(
+        f"cp {row.cp}: ring {row.ring / MiB:.2f}, Ulysses "
+        + (f"{row.ulysses / MiB:.2f}" if row.ulysses else "-") + " MiB"
+        for row in predict.comm_table(config, 1, [traffic[-1][0]], [2, 4, 8], 4)))
+    figures += [figure(f"ring bytes per rank per layer, seq {traffic[-1][0]}", round(traffic[-1][1] / MiB, 3), "MiB",
+                       round(traffic[-1][2] / MiB, 3), "forward + backward"),
+                figure(f"Ulysses bytes per rank per layer, seq {traffic[-1][0]}", round(traffic[-1][3] / MiB, 3),
+                       "MiB", round(traffic[-1][4] / MiB, 3), "forward + backward")]
+    lengths = [r[0] for r in traffic]
+    plots.line_plot(ctx.run_dir / "traffic.png", {
+        "ring, measured": (lengths, [r[1] / MiB for r in traffic]), "ring, predicted": (lengths, [r[2] / MiB for r in traffic]),
+        "Ulysses, measured": (lengths, [r[3] / MiB for r in traffic]),
+        "Ulysses, predicted": (lengths, [r[4] / MiB for r in traffic])},
+        f"bytes each rank sends per attention layer, cp {CP}", "sequence length", "MiB",
+        styles={"ring, measured": "o", "ring, predicted": "-", "Ulysses, measured": "s", "Ulysses, predicted": "--"})
+
+if ctx.is_main:
+    figures.append(figure("final loss", round(losses[-1], 4), "nats"))
+    ctx.log("\nbalance.png: work and time per rank, both splits; traffic.png: bytes per rank against the sequence; "
+            "memory.png: activations per rank; mesh.png: the ranks")
+ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, cp=CP, dp=dp, attention=attention, split=split, losses=losses,
+           balance={cut: rows for cut, rows in balance.items()}, traffic=traffic, activations=acts)
