@@ -39,3 +39,17 @@ def test_type_mismatch_is_a_user_error(text, word):
 def test_flatten():
     assert flatten(DEFAULTS) == {"seed": 0, "train.steps": 10, "train.lr": 0.1, "train.fast": False,
                                  "ds.stage": 0}
+
+
+def test_a_parallel_degree_of_world_takes_every_rank():
+    from plscale.run.labs import find
+    from plscale.run.resolve import Topology, resolve_run
+
+    lab, ring = find("ring-attention")
+    assert lab.settings["parallel"]["cp"] == "world"
+    assert resolve_run(lab, ring, Topology(4, "cpu")).settings["parallel"] == {"cp": 4, "ep": 1}
+    moe = resolve_run(lab, lab.variant("moe-by-hand"), Topology(4, "cpu"))
+    assert moe.settings["parallel"] == {"cp": 1, "ep": 4} and moe.ds_config["train_batch_size"] == 4 * 4
+    # a number still works, and the rest is data parallel: cp 2 x dp 2
+    two = resolve_run(lab, ring, Topology(4, "cpu"), sets=["parallel.cp=2"])
+    assert two.settings["parallel"]["cp"] == 2 and two.ds_config["train_batch_size"] == 4 * 2

@@ -40,6 +40,11 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def _whole_world(key: str, value) -> bool:
+    """A parallel degree may be 'world': every rank of the run (resolved by plscale.run.resolve)."""
+    return key.startswith("parallel.") and value == "world"
+
+
 def set_dotted(tree: dict, key: str, value, known: dict) -> None:
     """Set `key` in `tree`; the key must exist in `known` (the flattened defaults)."""
     if key not in known:
@@ -52,7 +57,7 @@ def set_dotted(tree: dict, key: str, value, known: dict) -> None:
     old = known[key]
     if isinstance(old, bool) and not isinstance(value, bool):
         raise UserError(f"Setting {key!r} takes true or false, not {value!r}.")
-    if isinstance(old, (int, float)) and not isinstance(old, bool):
+    if isinstance(old, (int, float)) and not isinstance(old, bool) and not _whole_world(key, value):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"Setting {key!r} takes a number, not {value!r}.")
         if isinstance(old, float):

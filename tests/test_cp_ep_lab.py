@@ -1,0 +1,68 @@
+"""Lab 08 end to end through the real CLI on CPU ranks: ring attention (zig-zag) and Ulysses
+equal attention on one rank, the zig-zag split evens the causal work where the plain one does
+not, bytes and activations per rank follow the predictions, and the Llama trained with its
+sequences split (or its experts split) follows its unsharded reference. Bad input is refused
+in one line before launch."""
+
+import pytest
+
+from conftest import load_summary
+from plscale.predict import context_parallel as predict
+
+SMALL = ["--cpu", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32",
+         "--set", "train.parity_steps=2", "--set", "cp.balance_seq=256", "--set", "cp.comm_seqs=[64,128]",
+         "--set", "cp.memory_seqs=[64,128]"]
+
+
+def run_lab(cli, variant: str, *extra) -> tuple[dict, object]:
+    out = cli("lab", "run", variant, *extra)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = sorted(p for p in cli.runs.iterdir() if p.name.endswith(f"cp-ep-{variant}"))[-1]
+    return load_summary(run_dir), out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("variant, ranks", [("ring-attention", 2), ("ulysses", 2), ("ring-attention", 4)])
+def test_context_parallel_matches_one_rank(cli, variant, ranks):
+    s, out = run_lab(cli, variant, "--gpus", str(ranks), *SMALL)
+    assert s["passed"], s["checks"]
+    assert s["cp"] == ranks  # parallel.cp: world
+    names = {c["name"] for c in s["checks"]}
+    for check in ("ring attention, zigzag split equals full attention", "zig-zag evens the causal work",
+                  "Ulysses (DeepSpeed DistributedAttention) equals full attention",
+                  "bytes per rank as predicted, ring and Ulysses", "activations per rank match the memory model",
+                  "the split Llama follows the dense model's loss"):
+        assert check in names, names
+    plain, zigzag = ([w for w, _ in s["balance"][cut]] for cut in ("plain", "zigzag"))
+    assert plain == predict.attention_work(256, ranks, "plain") and len(set(zigzag)) == 1
+    assert max(plain) / min(plain) > 2  # the plain split's last rank does most of the work
+    for length, one_rank, _, split, _ in s["activations"]:  # cp cuts the activations per rank
+        assert split < one_rank / ranks * 1.05, (length, one_rank, split)
+    want = "DeepSpeed's comms logger"
+    assert want in out.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("variant", ["moe-by-hand", "moe-deepspeed"])
+def test_experts_follow_the_unsharded_reference(cli, variant):
+    s, out = run_lab(cli, variant, "--cpu", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32",
+                     "--set", "train.parity_steps=2")
+    assert s["passed"], s["checks"]
+    assert s["ep"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ring-attention", "--set", "model.seq=34"], "model.seq: sequence length 34 does not cut into 2 x cp = 4 chunks"),
+    (["ulysses", "--gpus", "8", "--set", "model.preset=tiny", "--set", "cp.balance_seq=2048"],
+     "do not split over Ulysses degree 8"),
+    (["ulysses", "--set", "cp.split=zigzag"], "takes the plain split"),
+    (["moe", "--set", "experts.count=3"], "3 experts do not split over ep 2 ranks"),
+    (["moe", "--set", "experts.capacity_factor=0"], "capacity factor 0"),
+    (["moe", "--set", "experts.top_k=3"], "top_k 3"),
+    (["ring-attention", "--set", "cp.attention=flash"], "cp.attention 'flash'"),
+])
+def test_bad_input_is_refused_before_launch(cli, args, message):
+    out = cli("lab", "run", *args, "--cpu")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr + out.stdout, out.stderr + out.stdout
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
