@@ -43,6 +43,7 @@ rest over all dp ranks.
     (True, True, 4)
 """
 
+import struct
 from dataclasses import dataclass
 from math import ceil
 
@@ -72,9 +73,20 @@ def check_top_k(top_k: int, experts: int) -> None:
         raise UserError(f"top_k {top_k!r}: use 1 or 2 (DeepSpeed's gates), and no more than the {experts} experts.")
 
 
+def _f32(value: float) -> float:
+    """value rounded to the nearest float32, as a torch.tensor(value) would hold it."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float, min_capacity: int = 0) -> int:
-    """Tokens each expert takes per micro-batch and rank."""
-    return max(ceil(tokens / experts * (top_k * capacity_factor)), min_capacity)  # DeepSpeed's order of operations
+    """Tokens each expert takes per micro-batch and rank, computed as DeepSpeed's `_capacity`
+    does: S/E times the factor (k x factor for top-2) in float32, so that the ceiling lands
+    where DeepSpeed's does (in float64, S=25, E=1, factor 0.6 gives 15; DeepSpeed takes 16).
+
+    >>> capacity(512, 8, 2, 1.25), capacity(25, 1, 1, 0.6)
+    (160, 16)
+    """
+    return max(ceil(_f32(_f32(tokens / experts) * _f32(top_k * capacity_factor))), min_capacity)
 
 
 @dataclass(frozen=True)
