@@ -163,3 +163,36 @@ def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str | dict
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def routing_chart(path: Path, counts: dict, capacity: int, sweep: list, title: str) -> None:
+    """Left: routes each expert received (counts: label -> [per expert]), the capacity C as a
+    line. Right: routes dropped (%) against the capacity factor; sweep: (factor, measured %,
+    % an even router would drop)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    width = 0.8 / len(counts)
+    for i, (label, per_expert) in enumerate(counts.items()):
+        left.bar([e + (i - (len(counts) - 1) / 2) * width for e in range(len(per_expert))], per_expert, width,
+                 label=label)
+    left.axhline(capacity, color="black", linestyle="--", linewidth=1, label=f"capacity C = {capacity}")
+    left.set_xticks(range(len(next(iter(counts.values())))))
+    left.set_xlabel("expert")
+    left.set_ylabel("routes")
+    left.set_title("routes per expert (beyond the line: dropped)", fontsize=9)
+    left.legend(fontsize=7)
+    factors = [f for f, _, _ in sweep]
+    right.plot(factors, [m for _, m, _ in sweep], "C0o-", label="measured")
+    right.plot(factors, [e for _, _, e in sweep], "C1--", label="an even router")
+    right.set_xlabel("capacity factor")
+    right.set_ylabel("routes dropped, %")
+    right.set_title("dropped routes against the capacity factor", fontsize=9)
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -46,9 +46,18 @@ def test_context_parallel_matches_one_rank(cli, variant, ranks):
 @pytest.mark.parametrize("variant", ["moe-by-hand", "moe-deepspeed"])
 def test_experts_follow_the_unsharded_reference(cli, variant):
     s, out = run_lab(cli, variant, "--cpu", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32",
-                     "--set", "train.parity_steps=2")
+                     "--set", "train.parity_steps=2", "--set", "experts.capacity_sweep=[0.5,2.0]")
     assert s["passed"], s["checks"]
-    assert s["ep"] == 2
+    names = {c["name"] for c in s["checks"]}
+    for check in ("top-1 router by hand equals DeepSpeed's gate", "top-2 router by hand equals DeepSpeed's gate",
+                  "the expert-parallel model follows the unsharded reference", "all-to-all bytes per step as predicted",
+                  "parameters per rank as predicted"):
+        assert check in names, names
+    assert s["ep"] == 2 and s["impl"] == variant.removeprefix("moe-").replace("by-hand", "hand")
+    # 4 all-to-alls of E x C x h per layer: C = ceil(2 x 128 / 4 x 1.25) = 80, h 128, fp32, 2 layers
+    assert s["alltoall"] == {"calls": 8, "bytes": 8 * 4 * 80 * 128 * 4}
+    (half, _, even_half), (double, measured_double, _) = s["dropped"]
+    assert (half, double, measured_double) == (0.5, 2.0, 0.0) and even_half == 50.0  # C = S k / 2E: half the routes
 
 
 @pytest.mark.parametrize("args, message", [
@@ -59,6 +68,7 @@ def test_experts_follow_the_unsharded_reference(cli, variant):
     (["moe", "--set", "experts.count=3"], "3 experts do not split over ep 2 ranks"),
     (["moe", "--set", "experts.capacity_factor=0"], "capacity factor 0"),
     (["moe", "--set", "experts.top_k=3"], "top_k 3"),
+    (["moe", "--set", "ds.stage=1"], "the MoE layers by hand train at ZeRO 0"),
     (["ring-attention", "--set", "cp.attention=flash"], "cp.attention 'flash'"),
 ])
 def test_bad_input_is_refused_before_launch(cli, args, message):

@@ -22,6 +22,10 @@ def check(settings: dict, topology) -> None:
     parallel = settings["parallel"]
     if parallel.get("ep", 1) > 1:
         _check_experts(settings["experts"], parallel["ep"])
+        if settings["experts"]["impl"] == "hand" and ds["stage"]:
+            raise UserError(f"ds.stage {ds['stage']}: the MoE layers by hand train at ZeRO 0 (ZeRO 1 and 2 reduce "
+                            f"gradients inside DeepSpeed's optimizer, which knows only its own MoE layers); use "
+                            f"ds.stage=0, or the moe-deepspeed variant.")
     else:
         _check_context(settings["cp"], config, model["seq"], parallel.get("cp", 1))
 
@@ -60,3 +64,5 @@ def _check_experts(opts: dict, ep: int) -> None:
         raise UserError(f"experts.capacity_sweep {opts['capacity_sweep']!r}: give a list, e.g. [1.0, 2.0].")
     for factor in (opts["capacity_factor"], *opts["capacity_sweep"]):
         ep_predict.check_capacity(factor)
+    if not isinstance(opts["min_capacity"], int) or opts["min_capacity"] < 0:
+        raise UserError(f"experts.min_capacity {opts['min_capacity']!r}: use a whole number of 0 or more.")

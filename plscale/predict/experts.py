@@ -168,3 +168,17 @@ def expert_params(config: ModelConfig, experts: int, every: int = 1) -> ExpertPa
     moe_layers = config.layers // every
     return ExpertParams(param_count(config) - moe_layers * mlp, moe_layers * config.hidden * experts,
                         moe_layers * experts * mlp, moe_layers)
+
+
+def dropped_if_even(tokens: int, experts: int, top_k: int, capacity_factor: float, min_capacity: int = 0) -> int:
+    """Routes dropped per micro-batch and rank if the router shared the k*S routes out evenly
+    (each expert floor or ceil of kS/E): the least a capacity factor can drop. Below 1.0 even
+    a perfect router drops; above it, every drop is the router's imbalance.
+
+    >>> dropped_if_even(512, 4, 2, 0.5), dropped_if_even(512, 4, 2, 1.25)
+    (512, 0)
+    """
+    slots = capacity(tokens, experts, top_k, capacity_factor, min_capacity)
+    routes = top_k * tokens
+    share, extra = divmod(routes, experts)
+    return sum(max(0, share + (e < extra) - slots) for e in range(experts))

@@ -86,6 +86,9 @@ class MoEMLP(nn.Module):
         out = combine(from_experts(outbox, self.group), routing)
         return out.view(x.shape), routing.l_aux, Stats(routing.counts.tolist(), routing.dropped, routing.capacity)
 
+    def set_capacity_factor(self, factor: float) -> None:
+        self.gate.capacity_factor = factor
+
     @torch.no_grad()
     def load_unsharded(self, state: dict) -> None:
         self.gate.wg.weight.copy_(state["gate.wg.weight"])
@@ -120,6 +123,10 @@ class DeepSpeedMoEMLP(nn.Module):
         slots = capacity(x.numel() // x.shape[-1], self.num_experts, self.top_k, self.capacity_factor,
                          self.min_capacity)
         return out, l_aux, Stats(counts.tolist(), int((counts - slots).clamp(min=0).sum()), slots)
+
+    def set_capacity_factor(self, factor: float) -> None:
+        gate = self.moe.deepspeed_moe.gate
+        self.capacity_factor = gate.capacity_factor = gate.eval_capacity_factor = factor
 
     @torch.no_grad()
     def load_unsharded(self, state: dict) -> None:
