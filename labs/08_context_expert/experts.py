@@ -153,7 +153,7 @@ if ctx.is_main:
             f"top-{K}), capacity C = {C} = max(ceil({K} x {tokens_per_micro} / {E} x {factor}), {slack}) per rank")
     for i in range(config.layers):
         per_rank = [r[i] for r in everyone]
-        ctx.log(f"  layer {i}: " + "   ".join(f"rank {r}: {counts} ({dropped} dropped)"
+        ctx.log(f"  layer {i}: " + "   ".join(f"rank {r} [{' '.join(map(str, counts))}] {dropped} dropped"
                                              for r, (counts, dropped, _) in enumerate(per_rank)))
     ctx.check("capacity as predicted", C == predict.capacity(tokens_per_micro, E, K, factor, slack),
               f"C = {C} (plscale estimate moe)")
@@ -180,7 +180,7 @@ if ctx.is_main:
     source = "the dispatch's tally" if opts["impl"] == "hand" else "DeepSpeed's comms logger"
     ctx.log(f"\nall-to-alls per step on this rank ({source}), measured / predicted")
     for phase, (c, b) in alltoall.items():
-        ctx.log(f"  {phase:18}{c:4} calls  {b / MiB:8.3f} MiB")
+        ctx.log(f"  {phase:20}{c:4g} calls  {b / MiB:8.3f} MiB")
     ctx.log(f"  in all: {got_calls:g} / {want_calls} calls, {got_bytes / MiB:.3f} / {want_bytes / MiB:.3f} MiB "
             f"(4 per layer and micro-batch of E x C x h = {E} x {a2a.capacity} x {config.hidden} fp32); "
             f"{a2a.total_sent * config.layers * accum / MiB:.3f} MiB leave the rank ((ep - 1)/ep)")
