@@ -24,11 +24,13 @@ from plscale.predict.presets import ModelConfig
 WORLDS = (2, 4)
 B, S, D = 2, 16, 8          # S cuts into 2 cp chunks at cp 4
 CONFIG = ModelConfig(vocab=96, hidden=32, layers=2, heads=8, kv_heads=4, ffn=48, max_seq=32)
-RING_CASES = {  # name: (split, causal, heads, kv_heads)
-    "plain causal gqa": ("plain", True, 4, 2),
-    "zigzag causal gqa": ("zigzag", True, 4, 2),
-    "zigzag full gqa": ("zigzag", False, 4, 2),
-    "zigzag causal mha": ("zigzag", True, 4, 4),
+RING_CASES = {  # name: (split, causal, heads, kv_heads, kernel of each chunk pair)
+    "plain causal gqa": ("plain", True, 4, 2, "fused"),
+    "zigzag causal gqa": ("zigzag", True, 4, 2, "fused"),
+    "zigzag full gqa": ("zigzag", False, 4, 2, "fused"),
+    "zigzag causal mha": ("zigzag", True, 4, 4, "fused"),
+    "plain causal gqa, math": ("plain", True, 4, 2, "math"),
+    "zigzag causal gqa, math": ("zigzag", True, 4, 2, "math"),
 }
 MODEL_CASES = {"ring zigzag": ("ring", "zigzag"), "ring plain": ("ring", "plain"), "ulysses": ("ulysses", "plain")}
 TOL = 1e-10
@@ -70,10 +72,10 @@ def _cases(world):
     mesh = Mesh.build(cp=world, dims=("cp",))
     group, rank, out = mesh.group("cp"), mesh.rank_in("cp"), {}
 
-    for name, (split, causal, heads, kv_heads) in RING_CASES.items():
+    for name, (split, causal, heads, kv_heads, kernel) in RING_CASES.items():
         pos = positions(S, world, rank, split)
         ring.TALLY.reset()
-        out[f"ring {name}"] = _attention_gaps(lambda q, k, v: ring.ring_attention(q, k, v, group, pos, causal),
+        out[f"ring {name}"] = _attention_gaps(lambda q, k, v: ring.ring_attention(q, k, v, group, pos, causal, kernel),
                                               torch.tensor(pos), heads, kv_heads, causal, seed=len(name))
         out[f"ring {name} tally"] = ring.TALLY.rows()
 
@@ -157,7 +159,7 @@ def test_attention_equals_full_attention(results, world, case):
 def test_ring_work_is_the_predicted_triangle(results, world, name):
     """Scores evaluated, counted from the blocks and masks computed, per sequence and head:
     attention_work's, forward and again in the backward's recomputation. Zig-zag: all equal."""
-    split, causal, _, _ = RING_CASES[name]
+    split, causal, *_ = RING_CASES[name]
     want = attention_work(S, world, split, causal)
     for phase in ("forward", "backward"):
         got = [results[(world, r)][f"ring {name} tally"][phase]["scores"] for r in range(world)]

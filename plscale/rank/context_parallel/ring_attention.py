@@ -16,8 +16,11 @@ output so far and lse = log(sum of exp(scores)); a new block with (out_b, lse_b)
 
 Work is done per chunk pair (a query chunk against a held key chunk): skipped when every key
 comes after every query, computed unmasked when every key comes before, and masked only on
-the diagonal. The backward recomputes the probabilities from q, k, v, out and lse (the
-tensors SDPA saves, so activation memory is the dense model's at s/cp tokens). The gradient
+the diagonal. Each pair is attention on its own, returning (out, lse): PyTorch's fused CPU
+flash-attention kernel on CPU (it never holds the [sq, sk] scores), or the same written out
+in einsums (`_math_forward`, the path on other devices). The backward recomputes the
+probabilities from q, k, v, out and lse (the tensors SDPA saves, so activation memory is the
+dense model's at s/cp tokens). The gradient
 accumulators dk, dv travel with their block and arrive home after one more hop:
 
     forward    (cp - 1) x k, v                 = 2 (cp - 1) blocks sent per rank
@@ -48,7 +51,7 @@ class Tally:
     sends            tensors sent point-to-point (one isend each)
     sent_bytes       bytes of those tensors
     scores           unmasked query-key scores evaluated, per sequence and head, counted from
-                     the blocks and masks actually computed (compare: attention_work)
+                     the chunk pairs actually computed (compare: attention_work)
     compute_seconds  time spent computing on blocks, not waiting for them
     """
 
@@ -58,6 +61,12 @@ class Tally:
     def reset(self) -> None:
         self.sends, self.sent_bytes = defaultdict(int), defaultdict(int)
         self.scores, self.compute_seconds = defaultdict(int), defaultdict(float)
+        self.pending = 0  # scores of the chunk pairs handed out since the last count
+
+    def count(self, phase: str, seconds: float) -> None:
+        self.scores[phase] += self.pending
+        self.compute_seconds[phase] += seconds
+        self.pending = 0
 
     def rows(self) -> dict:
         """{phase: {"sends", "sent_bytes", "scores", "compute_seconds"}}"""
@@ -103,99 +112,148 @@ def _wait(requests) -> None:
 
 
 def _pairs(ring: Ring, owner: int, causal: bool):
-    """(query slice, key slice, mask) for each chunk pair worth computing; mask None = all visible."""
+    """(query slice, key slice, diagonal) for each chunk pair worth computing. Chunks are runs
+    of consecutive positions, so a pair is all before (no mask), all after (skipped) or the
+    same chunk (the diagonal: a causal mask, aligned top-left)."""
     size_q, size_k = len(ring.chunks[ring.rank][0]), len(ring.chunks[owner][0])
     for a, q_pos in enumerate(ring.chunks[ring.rank]):
         for b, k_pos in enumerate(ring.chunks[owner]):
             if causal and k_pos.min() > q_pos.max():
                 continue                                   # every key after every query: skip
-            mask = None if not causal or k_pos.max() <= q_pos.min() else q_pos[:, None] >= k_pos[None, :]
-            yield slice(a * size_q, (a + 1) * size_q), slice(b * size_k, (b + 1) * size_k), mask
+            diagonal = causal and k_pos.max() > q_pos.min()
+            # the scores that count: for each query, the keys at or before it
+            TALLY.pending += int(torch.searchsorted(k_pos, q_pos, right=True).sum()) if diagonal else size_q * size_k
+            yield slice(a * size_q, (a + 1) * size_q), slice(b * size_k, (b + 1) * size_k), diagonal
 
 
-def _scores(q, k, mask, scale, phase):
-    """Scaled scores [b, kv_heads, group, sq, sk] of grouped queries against one key chunk."""
-    s = torch.einsum("bngqd,bnkd->bngqk", q, k) * scale
-    TALLY.scores[phase] += int(mask.sum()) if mask is not None else s.shape[-2] * s.shape[-1]
-    return s if mask is None else s.masked_fill(~mask, float("-inf"))
+# ---- One chunk pair: attention of a query chunk against one key chunk, on its own ------------
+# Two kernels compute the same thing. "math" writes it out: scores, masked softmax through the
+# log-sum-exp, and the backward from the saved lse. "fused" is PyTorch's CPU flash-attention
+# kernel, which returns the lse too and never holds the [sq, sk] scores: the one to run
+# (memory like SDPA's); "math" is what it computes, and the path on other devices.
+
+def _wide(*tensors):
+    """In float32 at least: the math kernel's softmax and sums lose too much in bf16."""
+    return [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+
+
+def _math_forward(q, k, v, diagonal: bool, scale: float):
+    q, k, v = _wide(q, k, v)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if diagonal:
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+    lse = scores.logsumexp(-1)
+    return torch.einsum("bhqk,bhkd->bhqd", (scores - lse[..., None]).exp(), v), lse
+
+
+def _math_backward(dout, q, k, v, out, lse, diagonal: bool, scale: float):
+    """Gradients of one block, given the WHOLE attention's out and lse: P = exp(S - lse) is then
+    this block's share of the global softmax, and delta = rowsum(dO * O) its correction."""
+    dout, q, k, v, out, lse = _wide(dout, q, k, v, out, lse)
+    scores = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if diagonal:
+        scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1), float("-inf"))
+    probs = (scores - lse[..., None]).exp()
+    delta = (dout * out).sum(-1, keepdim=True)
+    dscores = probs * (torch.einsum("bhqd,bhkd->bhqk", dout, v) - delta) * scale
+    return (torch.einsum("bhqk,bhkd->bhqd", dscores, k), torch.einsum("bhqk,bhqd->bhkd", dscores, q),
+            torch.einsum("bhqk,bhqd->bhkd", probs, dout))
+
+
+def _fused_forward(q, k, v, diagonal: bool, scale: float):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, diagonal, scale=scale)
+
+
+def _fused_backward(dout, q, k, v, out, lse, diagonal: bool, scale: float):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, diagonal,
+                                                                               scale=scale)
+
+
+KERNELS = {"math": (_math_forward, _math_backward), "fused": (_fused_forward, _fused_backward)}
+
+
+def kernel_for(device: torch.device) -> str:
+    return "fused" if device.type == "cpu" else "math"
+
+
+def _expand(kv, group: int):
+    """Key/value heads repeated for the query heads they serve (grouped-query attention)."""
+    return kv if group == 1 else kv.repeat_interleave(group, dim=1)
+
+
+def _fold(grad, group: int):
+    """The gradient of repeated key/value heads, summed back onto each kv head."""
+    return grad if group == 1 else grad.unflatten(1, (-1, group)).sum(2)
 
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ring: Ring, causal: bool):
+    def forward(ctx, q, k, v, ring: Ring, causal: bool, kernel: str):
         b, h, s, d = q.shape
-        h_kv, acc = k.shape[1], torch.promote_types(q.dtype, torch.float32)
-        scale = 1 / math.sqrt(d)
-        qg = q.to(acc).reshape(b, h_kv, h // h_kv, s, d)   # query heads grouped by their kv head
-        out = torch.zeros_like(qg)
-        lse = torch.full(qg.shape[:-1], float("-inf"), dtype=acc)
+        group, acc, scale = h // k.shape[1], torch.promote_types(q.dtype, torch.float32), 1 / math.sqrt(d)
+        attend = KERNELS[kernel][0]
+        out = torch.zeros(b, h, s, d, dtype=acc, device=q.device)
+        lse = torch.full((b, h, s), float("-inf"), dtype=acc, device=q.device)
         k_held, v_held = k.contiguous(), v.contiguous()
         for step in range(ring.cp):
             if step < ring.cp - 1:                         # pass the block on while computing with it
                 requests, (k_next, v_next) = ring.exchange([k_held, v_held], "forward")
             start = time.perf_counter()
-            for qs, ks, mask in _pairs(ring, (ring.rank - step) % ring.cp, causal):
-                scores = _scores(qg[..., qs, :], k_held[:, :, ks].to(acc), mask, scale, "forward")
-                block_lse = scores.logsumexp(-1)
-                block_out = torch.einsum("bngqk,bnkd->bngqd", (scores - block_lse[..., None]).exp(),
-                                         v_held[:, :, ks].to(acc))
-                new_lse = torch.logaddexp(lse[..., qs], block_lse)
+            for qs, ks, diagonal in _pairs(ring, (ring.rank - step) % ring.cp, causal):
+                block_out, block_lse = attend(q[..., qs, :], _expand(k_held[:, :, ks], group),
+                                              _expand(v_held[:, :, ks], group), diagonal, scale)
+                new_lse = torch.logaddexp(lse[..., qs], block_lse.to(acc))   # the online softmax
                 out[..., qs, :] = (out[..., qs, :] * (lse[..., qs] - new_lse).exp()[..., None]
-                                   + block_out * (block_lse - new_lse).exp()[..., None])
+                                   + block_out.to(acc) * (block_lse - new_lse).exp()[..., None])
                 lse[..., qs] = new_lse
-            TALLY.compute_seconds["forward"] += time.perf_counter() - start
+            TALLY.count("forward", time.perf_counter() - start)
             if step < ring.cp - 1:
                 _wait(requests)
                 k_held, v_held = k_next, v_next
-        out = out.reshape(b, h, s, d).to(q.dtype)
-        lse = lse.reshape(b, h, s)
+        out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.causal = ring, causal
+        ctx.ring, ctx.causal, ctx.kernel = ring, causal, kernel
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         ring, causal = ctx.ring, ctx.causal
-        b, h, s, d = q.shape
-        h_kv, acc = k.shape[1], lse.dtype
-        scale = 1 / math.sqrt(d)
-        grouped = (b, h_kv, h // h_kv, s)
-        qg, dout = q.to(acc).reshape(*grouped, d), dout.to(acc).reshape(*grouped, d)
-        lse = lse.reshape(grouped)
-        delta = (dout * out.to(acc).reshape(*grouped, d)).sum(-1)  # rowsum(dO * O) = sum_k P dP
-        dq = torch.zeros_like(qg)
+        group, acc, scale = q.shape[1] // k.shape[1], lse.dtype, 1 / math.sqrt(q.shape[-1])
+        gradients = KERNELS[ctx.kernel][1]
+        dout = dout.contiguous()
+        dq = torch.zeros_like(q, dtype=acc)
         k_held, v_held = k.contiguous(), v.contiguous()
         dk_held, dv_held = torch.zeros_like(k_held, dtype=acc), torch.zeros_like(v_held, dtype=acc)
         for step in range(ring.cp):
             if step < ring.cp - 1:                         # the next k, v travel while we compute
                 requests, (k_next, v_next) = ring.exchange([k_held, v_held], "backward")
             start = time.perf_counter()
-            for qs, ks, mask in _pairs(ring, (ring.rank - step) % ring.cp, causal):
-                k_blk, v_blk = k_held[:, :, ks].to(acc), v_held[:, :, ks].to(acc)
-                probs = (_scores(qg[..., qs, :], k_blk, mask, scale, "backward") - lse[..., qs, None]).exp()
-                dv_held[:, :, ks] += torch.einsum("bngqk,bngqd->bnkd", probs, dout[..., qs, :])
-                dprobs = torch.einsum("bngqd,bnkd->bngqk", dout[..., qs, :], v_blk)
-                dscores = probs * (dprobs - delta[..., qs, None]) * scale
-                dq[..., qs, :] += torch.einsum("bngqk,bnkd->bngqd", dscores, k_blk)
-                dk_held[:, :, ks] += torch.einsum("bngqk,bngqd->bnkd", dscores, qg[..., qs, :])
-            TALLY.compute_seconds["backward"] += time.perf_counter() - start
+            for qs, ks, diagonal in _pairs(ring, (ring.rank - step) % ring.cp, causal):
+                dq_b, dk_b, dv_b = gradients(dout[..., qs, :], q[..., qs, :], _expand(k_held[:, :, ks], group),
+                                             _expand(v_held[:, :, ks], group), out[..., qs, :], lse[..., qs],
+                                             diagonal, scale)
+                dq[..., qs, :] += dq_b
+                dk_held[:, :, ks] += _fold(dk_b, group)
+                dv_held[:, :, ks] += _fold(dv_b, group)
+            TALLY.count("backward", time.perf_counter() - start)
             if step < ring.cp - 1:
                 _wait(requests)
                 k_held, v_held = k_next, v_next
             if ring.cp > 1:   # dk, dv follow their block; after the last step they reach its owner
                 requests, (dk_held, dv_held) = ring.exchange([dk_held, dv_held], "backward")
                 _wait(requests)
-        return dq.reshape(b, h, s, d).to(q.dtype), dk_held.to(k.dtype), dv_held.to(v.dtype), None, None
+        return dq.to(q.dtype), dk_held.to(k.dtype), dv_held.to(v.dtype), None, None, None
 
 
-def ring_attention(q, k, v, group, positions, causal: bool = True):
+def ring_attention(q, k, v, group, positions, causal: bool = True, kernel: str | None = None):
     """Attention of this rank's queries over the whole sequence, k/v passed round the ring.
 
     q [b, heads, s/cp, d]; k, v [b, kv_heads, s/cp, d] (heads a multiple of kv_heads);
     positions: the global positions of the local tokens, from
     `plscale.predict.context_parallel.positions(seq, cp, rank, split)`. Returns [b, heads, s/cp, d].
+    kernel: "fused" or "math" for each chunk pair (default: fused on CPU, math elsewhere).
     """
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"{q.shape[1]} query heads do not group over {k.shape[1]} key/value heads")
-    return RingAttention.apply(q, k, v, Ring(group, positions), causal)
+    return RingAttention.apply(q, k, v, Ring(group, positions), causal, kernel or kernel_for(q.device))
