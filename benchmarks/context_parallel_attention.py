@@ -34,76 +34,67 @@ row alike. Per row, the median over every timed call of:
                   by torch.profiler with profile_memory), largest rank, and over one rank's
 Short sequences get more timed calls per round (8 at seq <= max/8, 4 at max/4, else 1).
 
-Measured on this machine (2 CPU cores, shared; 2026-11-23), the defaults, 72 s in all, with
-the machine otherwise idle (other processes: 0% of the CPU):
+Measured on this machine (2 CPU cores, shared; 2026-11-23), the defaults, 42 s in all, with
+the machine otherwise idle (other processes: 2% of the CPU). Ring attention's chunk pairs run
+PyTorch's fused CPU flash-attention kernel (plscale/rank/context_parallel/ring_attention.py):
 
-    causal attention, forward + backward: batch 1 x 4 heads x head_dim 64, cpu, float32, 1 thread
-    per rank; cp 2 over 2 gloo ranks; median of every timed call (2 rounds of 8 at 1024, 4 at
-    2048, 1 at 4096, 1 at 8192)
-      seq  method        step ms  vs one rank  wall max/min  comp max/min (pred)  sys CPU   ms per rank: wall (compute)
-     1024  one rank         40.9        1.00x             -                    -      1%   41
-     1024  ring plain       62.8        0.65x          1.02          1.64 (3.00)     11%   62/63 (34/51)
-     1024  ring zigzag      45.1        0.91x          1.02          1.14 (1.00)     12%   45/45 (31/36)
-     1024  ulysses          36.4        1.12x          1.02                    -     17%   36/36
-     2048  one rank        125.7        1.00x             -                    -      0%   126
-     2048  ring plain      270.1        0.47x          1.01          1.30 (3.00)     27%   268/270 (172/253)
-     2048  ring zigzag     147.0        0.85x          1.01          1.07 (1.00)      5%   147/145 (121/125)
-     2048  ulysses          88.9        1.41x          1.01                    -      6%   89/84
-     4096  one rank        505.0        1.00x             -                    -      0%   505
-     4096  ring plain     1644.1        0.31x          1.00          1.75 (3.00)     50%   1641/1643 (944/1604)
-     4096  ring zigzag     646.3        0.78x          1.00          1.11 (1.00)     23%   645/646 (623/561)
-     4096  ulysses         287.8        1.75x          1.02                    -      5%   285/285
-     8192  one rank       1710.1        1.00x             -                    -      1%   1710
-     8192  ring plain     6762.5        0.25x          1.00          1.91 (3.00)     52%   6761/6758 (3496/6654)
-     8192  ring zigzag    4191.0        0.41x          1.00          1.05 (1.00)     52%   4190/4191 (3881/4025)
-     8192  ulysses        1021.6        1.67x          1.00                    -      2%   1019/1022
+    causal attention, forward + backward: batch 1 x 4 heads x head_dim 64, cpu, float32, 1 thread per rank; cp 2 over 2 gloo ranks; median of every timed call (2 rounds of 8 at 1024, 4 at 2048, 1 at 4096, 1 at 8192)
+        seq  method        step ms  vs one rank  wall max/min  comp max/min (pred)  sys CPU   ms per rank: wall (compute)
+       1024  one rank         44.8        1.00x             -                    -      0%   45
+       1024  ring plain       43.2        1.04x          1.02          1.90 (3.00)     14%   43/43 (18/34)
+       1024  ring zigzag      37.0        1.21x          1.03          1.05 (1.00)     18%   37/36 (25/24)
+       1024  ulysses          38.4        1.16x          1.02                    -     11%   37/38
+       2048  one rank        137.2        1.00x             -                    -      0%   137
+       2048  ring plain      117.1        1.17x          1.01          2.32 (3.00)      7%   115/117 (46/105)
+       2048  ring zigzag     102.6        1.34x          1.02          1.06 (1.00)      8%   101/102 (86/83)
+       2048  ulysses          87.4        1.57x          1.00                    -      7%   87/87
+       4096  one rank        496.1        1.00x             -                    -      0%   496
+       4096  ring plain      422.0        1.18x          1.00          2.59 (3.00)      4%   422/422 (155/402)
+       4096  ring zigzag     295.5        1.68x          1.00          1.08 (1.00)      1%   295/296 (277/260)
+       4096  ulysses         332.8        1.49x          1.00                    -      2%   331/333
+       8192  one rank       2125.4        1.00x             -                    -      6%   2125
+       8192  ring plain     1559.4        1.36x          1.00          2.78 (3.00)      3%   1558/1559 (546/1519)
+       8192  ring zigzag    1185.1        1.79x          1.00          1.02 (1.00)      2%   1184/1185 (1098/1094)
+       8192  ulysses        1129.0        1.88x          1.00                    -      2%   1129/1126
+      step: the slowest rank's wall time; vs one rank: one rank's step over the method's (above 1x: faster);
+      comp: ring_attention.TALLY.compute_seconds, (pred): attention_work's max/min (scores that count); sys CPU: the kernel's share
+      of the taking-part ranks' CPU seconds (page faults, gloo's sockets)
 
-    memory per rank, the largest rank:
-      seq  method        saved MiB  vs one  peak MiB  vs one
-     1024  one rank            4.0   1.00x       6.0   1.00x
-     1024  ring plain          2.0   0.50x      24.0   3.99x
-     1024  ring zigzag         2.0   0.50x       9.0   1.50x
-     1024  ulysses             2.0   0.50x       5.5   0.92x
-     2048  one rank            8.0   1.00x      11.0   1.00x
-     2048  ring plain          4.0   0.50x      88.0   7.98x
-     2048  ring zigzag         4.0   0.50x      28.0   2.54x
-     2048  ulysses             4.0   0.50x      10.0   0.91x
-     4096  one rank           16.1   1.00x      21.1   1.00x
-     4096  ring plain          8.0   0.50x     336.1  15.96x
-     4096  ring zigzag         8.0   0.50x      96.1   4.56x
-     4096  ulysses             8.0   0.50x      23.0   1.09x
-     8192  one rank           32.1   1.00x      41.1   1.00x
-     8192  ring plain         16.1   0.50x    1312.2  31.91x
-     8192  ring zigzag        16.1   0.50x     352.2   8.56x
-     8192  ulysses            16.1   0.50x      45.1   1.10x
+      memory per rank, the largest rank: saved for backward (saved_activations), and the peak during forward + backward above the inputs (live tensor bytes from torch.profiler's allocations and frees)
+        seq  method        saved MiB  vs one  peak MiB  vs one
+       1024  one rank            4.0   1.00x       6.0   1.00x
+       1024  ring plain          2.0   0.50x       7.8   1.29x
+       1024  ring zigzag         2.0   0.50x       5.9   0.98x
+       1024  ulysses             2.0   0.50x       6.5   1.08x
+       2048  one rank            8.0   1.00x      11.0   1.00x
+       2048  ring plain          4.0   0.50x      16.0   1.45x
+       2048  ring zigzag         4.0   0.50x      11.8   1.07x
+       2048  ulysses             4.0   0.50x      11.0   1.00x
+       4096  one rank           16.1   1.00x      21.1   1.00x
+       4096  ring plain          8.0   0.50x      31.1   1.47x
+       4096  ring zigzag         8.0   0.50x      24.1   1.14x
+       4096  ulysses             8.0   0.50x      21.0   1.00x
+       8192  one rank           32.1   1.00x      41.1   1.00x
+       8192  ring plain         16.1   0.50x      61.1   1.49x
+       8192  ring zigzag        16.1   0.50x      47.1   1.15x
+       8192  ulysses            16.1   0.50x      41.1   1.00x
 
-An idle run just before gave the same picture (vs one rank, 1024 -> 8192: ring plain 0.63,
-0.44, 0.25, 0.24x; zig-zag 0.85, 0.82, 0.67, 0.43x; Ulysses 1.17, 1.63, 1.60, 1.75x; memory
-identical but Ulysses' peak, 0.92-1.00x); one with other processes taking 55% of the CPU
-stretched the big ring rows most (ring plain at 8192: 23 s, 0.10x).
+Context parallelism now pays on CPU from 2048 tokens: at cp 2 zig-zag ring attention is
+1.34-1.79x one rank's speed (ideal 2x) and Ulysses 1.49-1.88x; the plain split 1.17-1.36x,
+held back by its last rank, which has 3x the first rank's scores (compute max/min 2.3-2.8,
+approaching the predicted 3.0 as the diagonal blocks' share shrinks). The wall max/min stays
+1.00-1.03 for both splits: the ring runs in lock step (every step waits for the next block,
+and the backward's dk/dv hop), so the light rank waits and both finish together; the
+imbalance costs step time, not a visible gap. Every method saves exactly half of one rank's
+bytes for backward (the memory model's s/cp). The peak per rank stays at 1.0-1.5x one rank's
+at cp 2: the received key/value blocks, the float32 output and lse being merged, and the dk/dv
+accumulators travelling with their block sit beside the halved activations.
 
-Ulysses is the only method faster than one rank on CPU (1.1x at 1024, 1.4-1.75x from 2048):
-each rank runs the same fused SDPA kernel on half the heads, and its four all-to-alls each
-way move little. Ring attention is slower than one rank at every length, and falls further
-behind as the sequence grows. Three reasons, largest first: (1) its per-block math is plain
-einsum / logsumexp / exp on materialised float32 score blocks [b, heads, s/cp, s/cp] (several
-temporaries alive at once), memory-bound, where CPU SDPA is a fused, tiled flash kernel; each
-fresh block of hundreds of MiB is also page-faulted in by the kernel (sys CPU: up to half
-of the ranks' CPU time at 4096-8192). (2) It computes whole diagonal blocks and masks them,
-so at cp 2 the plain split's last rank evaluates s^2/2 scores a head, as many as the whole causal
-triangle on one rank (no speed-up even with an equal kernel), zig-zag 5s^2/16 (at best 1.6x).
-(3) The two ranks share two cores with gloo's threads. Zig-zag is 1.4-2.5x faster than plain.
-The imbalance shows in compute time, not wall time: the ring runs in lock step (every step
-waits for the next block, and the backward's dk/dv hop), so the light rank waits and both
-finish together (wall max/min 1.00-1.02). Plain's compute max/min is 1.3-1.9, not the
-predicted 3.0 (which counts unmasked scores): rank 0 computes its full diagonal block and
-masks it, rank 1 that plus one unmasked block, and a masked block costs more than an unmasked
-one. Zig-zag's is 1.05-1.14 (predicted 1.00). Memory: every split method saves exactly half
-of one rank's bytes for backward (the memory model's s/cp), but ring attention's peak grows as
-the block squared: 4x one rank's at 1024 to 32x at 8192 (plain; zig-zag's quarter-size
-blocks: 1.5-8.6x), so on this implementation context parallelism raises the peak per rank.
-Ulysses' peak stays about one rank's (0.9-1.1x): the all-to-alls copy every tensor each way.
-On cuda (NCCL, bfloat16) none of this was measured here (no GPUs on this machine).
+Before the fused kernel (each chunk pair as einsums on materialised [s/cp, s/cp] score
+blocks, still `kernel="math"`), the same run measured ring plain 0.25x and zig-zag 0.41x one
+rank's speed at 8192, with peaks of 32x and 8.6x one rank's: attention written out is the
+lesson, not the way to run it. On cuda (NCCL, bfloat16) nothing was measured here (no GPUs on
+this machine); there the chunk pairs take the math path (see ring_attention.kernel_for).
 """
 
 import argparse
