@@ -145,22 +145,25 @@ def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str | dict
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
+    styles = {"measured": {}, "predicted": {"alpha": 0.45, "hatch": "//"}}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     for ax, (name, rows) in zip(axes.flat, panels.items()):
         for i, (label, (got, want)) in enumerate(rows.items()):
-            for dx, value, style in ((-0.2, got, {}), (0.2, want, {"alpha": 0.45, "hatch": "//"})):
+            both = got is not None and want is not None
+            for dx, value, style in ((-0.2 * both, got, styles["measured"]), (0.2 * both, want, styles["predicted"])):
                 if value is None:
                     continue
                 ax.bar(i + dx, value, 0.38, color="#4c72b0", edgecolor="white", **style)
                 ax.text(i + dx, value, f"{value:.3g}", ha="center", va="bottom", fontsize=7)
-        kinds = {(True, True): "measured | predicted", (True, False): "measured", (False, True): "predicted"}
-        ax.set_xticks(range(len(rows)), [f"{label}\n{kinds[got is not None, want is not None]}"
-                                         for label, (got, want) in rows.items()], fontsize=7)
+        ax.set_xticks(range(len(rows)), list(rows), fontsize=8)
         ax.set_ylabel(unit[name] if isinstance(unit, dict) else unit)
         ax.set_title(name, fontsize=9)
+    fig.legend(handles=[Patch(facecolor="#4c72b0", edgecolor="white", label=k, **v) for k, v in styles.items()],
+               loc="upper right", fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.92, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
