@@ -22,7 +22,8 @@ def run_lab(cli, variant: str, *extra) -> tuple[dict, object]:
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("variant, ranks", [("ring-attention", 2), ("ulysses", 2), ("ring-attention", 4)])
+# every run checks ring (both splits) and Ulysses; the variant picks the attention that trains
+@pytest.mark.parametrize("variant, ranks", [("ring-attention", 2), ("ulysses", 4)])
 def test_context_parallel_matches_one_rank(cli, variant, ranks):
     s, out = run_lab(cli, variant, "--gpus", str(ranks), *SMALL)
     assert s["passed"], s["checks"]
