@@ -22,7 +22,6 @@ which it calls sequence parallelism (summed over cp, averaged over dp; see Megat
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from plscale.predict.context_parallel import check_split, positions
 from plscale.predict.presets import ModelConfig
@@ -83,12 +82,5 @@ class ContextParallelLlama(Llama):
         check_split(seq, cp, self.split)
         index = torch.tensor(positions(seq, cp, rank, self.split), device=tokens.device)
         cos, sin = rope_tables(self.config.head_dim, seq, self.config.rope_theta, tokens.device)
-        cos, sin = cos[index], sin[index]                  # RoPE at the tokens' global positions
-        x = self.embed_tokens(tokens)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        logits = self.lm_head(self.norm(x))
-        if targets is None:
-            return logits
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten()) / cp  # this rank's share
+        loss = self.forward_rotated(tokens, targets, cos[index], sin[index])  # RoPE at the global positions
+        return loss if targets is None else loss / cp                            # this rank's share

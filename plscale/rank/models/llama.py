@@ -117,6 +117,11 @@ class Llama(nn.Module):
 
     def forward(self, tokens, targets=None):
         cos, sin = rope_tables(self.config.head_dim, tokens.shape[1], self.config.rope_theta, tokens.device)
+        return self.forward_rotated(tokens, targets, cos, sin)
+
+    def forward_rotated(self, tokens, targets, cos, sin):
+        """The forward pass given its RoPE tables, one row per token (context parallelism
+        reads them at the tokens' places in the whole sequence)."""
         x = self.embed_tokens(tokens)
         for layer in self.layers:
             x = layer(x, cos, sin)
