@@ -52,7 +52,8 @@ class Tally:
     sent_bytes       bytes of those tensors
     scores           unmasked query-key scores evaluated, per sequence and head, counted from
                      the chunk pairs actually computed (compare: attention_work)
-    compute_seconds  time spent computing on blocks, not waiting for them
+    compute_seconds  time spent computing on blocks, not waiting for them (on CUDA, kernels run
+                     asynchronously: measured with CUDA events, read when asked for)
     """
 
     def __init__(self):
@@ -60,13 +61,35 @@ class Tally:
 
     def reset(self) -> None:
         self.sends, self.sent_bytes = defaultdict(int), defaultdict(int)
-        self.scores, self.compute_seconds = defaultdict(int), defaultdict(float)
+        self.scores, self._seconds, self._events = defaultdict(int), defaultdict(float), defaultdict(list)
         self.pending = 0  # scores of the chunk pairs handed out since the last count
 
-    def count(self, phase: str, seconds: float) -> None:
+    def start(self, device: torch.device):
+        """A mark to pass to `count` when the step's compute is queued."""
+        if device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def count(self, phase: str, started) -> None:
         self.scores[phase] += self.pending
-        self.compute_seconds[phase] += seconds
         self.pending = 0
+        if isinstance(started, float):
+            self._seconds[phase] += time.perf_counter() - started
+        else:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._events[phase].append((started, end))
+
+    @property
+    def compute_seconds(self) -> dict:
+        for phase, pairs in self._events.items():  # CUDA: wait for the recorded kernels, once
+            for start, end in pairs:
+                end.synchronize()
+                self._seconds[phase] += start.elapsed_time(end) / 1e3
+            pairs.clear()
+        return self._seconds
 
     def rows(self) -> dict:
         """{phase: {"sends", "sent_bytes", "scores", "compute_seconds"}}"""
@@ -198,7 +221,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(ring.cp):
             if step < ring.cp - 1:                         # pass the block on while computing with it
                 requests, (k_next, v_next) = ring.exchange([k_held, v_held], "forward")
-            start = time.perf_counter()
+            started = TALLY.start(q.device)
             for qs, ks, diagonal in _pairs(ring, (ring.rank - step) % ring.cp, causal):
                 block_out, block_lse = attend(q[..., qs, :], _expand(k_held[:, :, ks], group),
                                               _expand(v_held[:, :, ks], group), diagonal, scale)
@@ -206,7 +229,7 @@ class RingAttention(torch.autograd.Function):
                 out[..., qs, :] = (out[..., qs, :] * (lse[..., qs] - new_lse).exp()[..., None]
                                    + block_out.to(acc) * (block_lse - new_lse).exp()[..., None])
                 lse[..., qs] = new_lse
-            TALLY.count("forward", time.perf_counter() - start)
+            TALLY.count("forward", started)
             if step < ring.cp - 1:
                 _wait(requests)
                 k_held, v_held = k_next, v_next
@@ -228,7 +251,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(ring.cp):
             if step < ring.cp - 1:                         # the next k, v travel while we compute
                 requests, (k_next, v_next) = ring.exchange([k_held, v_held], "backward")
-            start = time.perf_counter()
+            started = TALLY.start(q.device)
             for qs, ks, diagonal in _pairs(ring, (ring.rank - step) % ring.cp, causal):
                 dq_b, dk_b, dv_b = gradients(dout[..., qs, :], q[..., qs, :], _expand(k_held[:, :, ks], group),
                                              _expand(v_held[:, :, ks], group), out[..., qs, :], lse[..., qs],
@@ -236,7 +259,7 @@ class RingAttention(torch.autograd.Function):
                 dq[..., qs, :] += dq_b
                 dk_held[:, :, ks] += _fold(dk_b, group)
                 dv_held[:, :, ks] += _fold(dv_b, group)
-            TALLY.count("backward", time.perf_counter() - start)
+            TALLY.count("backward", started)
             if step < ring.cp - 1:
                 _wait(requests)
                 k_held, v_held = k_next, v_next
