@@ -31,7 +31,7 @@ def test_context_parallel_matches_one_rank(cli, variant, ranks):
     names = {c["name"] for c in s["checks"]}
     for check in ("ring attention, zigzag split equals full attention", "zig-zag evens the causal work",
                   "Ulysses (DeepSpeed DistributedAttention) equals full attention",
-                  "bytes per rank as predicted, ring and Ulysses", "activations per rank match the memory model",
+                  "ring bytes and Ulysses messages as predicted", "activations per rank match the memory model",
                   "the split Llama follows the dense model's loss"):
         assert check in names, names
     plain, zigzag = ([w for w, _ in s["balance"][cut]] for cut in ("plain", "zigzag"))
@@ -63,12 +63,15 @@ def test_experts_follow_the_unsharded_reference(cli, variant):
 
 @pytest.mark.parametrize("args, message", [
     (["ring-attention", "--set", "model.seq=34"], "model.seq: sequence length 34 does not cut into 2 x cp = 4 chunks"),
-    (["ulysses", "--gpus", "8", "--set", "model.preset=tiny", "--set", "cp.balance_seq=2048"],
-     "do not split over Ulysses degree 8"),
+    (["ulysses", "--gpus", "8", "--set", "model.preset=tiny"], "do not split 8 ways; use --gpus 2 or 4"),
     (["ulysses", "--set", "cp.split=zigzag"], "takes the plain split"),
-    (["moe", "--set", "experts.count=3"], "3 experts do not split over ep 2 ranks"),
-    (["moe", "--set", "experts.capacity_factor=0"], "capacity factor 0"),
-    (["moe", "--set", "experts.top_k=3"], "top_k 3"),
+    (["moe", "--set", "experts.count=3"], "experts.count 3 does not split over ep 2 ranks"),
+    (["moe", "--set", "experts.capacity_factor=0"], "experts.capacity_factor: capacity factor 0"),
+    (["moe", "--set", "experts.top_k=3"], "experts.top_k 3"),
+    (["moe", "--gpus", "4", "--set", "parallel.cp=2"], "parallel.cp 2 and parallel.ep 4"),
+    (["ring-attention", "--set", "parallel.ep=world"], "one at a time"),
+    (["moe", "--set", "parallel.ep=1"], "use parallel.cp=world (ring-attention, ulysses) or parallel.ep=world"),
+    (["ring-attention", "--set", "cp.split=foo"], "cp.split 'foo'"),
     (["moe", "--set", "ds.stage=1"], "the MoE layers by hand train at ZeRO 0"),
     (["ring-attention", "--set", "cp.attention=flash"], "cp.attention 'flash'"),
 ])

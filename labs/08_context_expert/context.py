@@ -17,7 +17,8 @@ and the activations per rank against their predictions (plscale estimate cp), th
 the Llama with its sequence split, through DeepSpeed, against the dense model's loss.
 
     plscale lab run ring-attention --gpus 2      (--gpus 4: cp 4; the ulysses variant: DeepSpeed-Ulysses)
-    deepspeed --num_gpus 2 labs/08_context_expert/context.py --variant ulysses   (DS_ACCELERATOR=cpu without GPUs)
+    deepspeed --num_gpus 2 labs/08_context_expert/context.py --variant ulysses
+        (DS_ACCELERATOR=cpu without GPUs; PLSCALE_DATA_DIR=path/to/wikitext-2 for the real data)
 """
 
 import copy
@@ -55,7 +56,8 @@ figures = []
 mesh = Mesh.build(cp=CP, dims=("tp", "cp", "dp", "dp-cp", "pp"))
 group, me, dp, replica = mesh.group("cp"), mesh.rank_in("cp"), mesh.size("dp"), mesh.rank_in("dp")
 ctx.log(f"mesh: {mesh.layout}\n  context-parallel groups (cp): {mesh.layout.groups('cp')}   each sequence "
-        f"split across these ranks\n  gradients summed over dp x cp: {mesh.layout.groups('dp-cp')}")
+        f"split across these ranks\n  gradient groups (dp x cp):    {mesh.layout.groups('dp-cp')}   summed over cp, "
+        f"averaged over dp")
 if ctx.is_main:
     plots.mesh_grid(mesh.layout, ctx.run_dir / "mesh.png")
 
@@ -224,7 +226,7 @@ if ctx.is_main and parity:
 # ---- 5. Bytes each rank sends per layer, as the sequence grows: ring and Ulysses -----------
 # Ring: the ring's own tally of point-to-point sends. Ulysses: DeepSpeed's comms logger (on once
 # deepspeed.initialize has read ds.comms_logger), which records each all-to-all's whole
-# message; (P - 1)/P of it leaves the rank.
+# message; an all-to-all keeps the P-th addressed to the rank itself, the rest leaves it.
 traffic, logged = [], comms.enabled()
 for length in opts["comm_seqs"]:
     g = torch.Generator().manual_seed(seed)
@@ -232,7 +234,6 @@ for length in opts["comm_seqs"]:
                for h in (heads, kv_heads, kv_heads))
     ring.TALLY.reset()
     attend("ring", "zigzag", q, k, v)[2].sum().backward()
-    ring_sent = sum(ring.TALLY.sent_bytes.values())
     ulysses.TALLY.reset()
     before = comms.snapshot() if logged else None
     attend("ulysses", "plain", q, k, v)[2].sum().backward()
@@ -242,35 +243,42 @@ for length in opts["comm_seqs"]:
         message = sum(b for _, b in ulysses.TALLY.rows().values())
     want_ring = predict.ring_bytes(1, length, CP, kv_heads, head_dim, 4)
     want_uly = predict.ulysses_bytes(1, length, CP, heads, kv_heads, head_dim, 4)
-    traffic.append((length, ring_sent, want_ring.total, message * (CP - 1) / CP, want_uly.total_sent))
+    traffic.append((length, sum(ring.TALLY.sent_bytes.values()), want_ring.total, message,
+                    want_uly.forward_message + want_uly.backward_message))
 if ctx.is_main:
-    ctx.log(f"\nbytes each rank sends per attention layer (forward + backward, one sequence, fp32), "
-            f"measured / predicted; Ulysses from {'DeepSpeed' + chr(39) + 's comms logger' if logged else 'its tally'}")
+    ctx.log(f"\nper attention layer (forward + backward, one sequence, fp32), measured / predicted: the bytes each "
+            f"rank sends by ring; the all-to-all messages of Ulysses "
+            f"({'DeepSpeed' + chr(39) + 's comms logger' if logged else 'its tally'}), of which (P - 1)/P leave the rank")
     for length, got_ring, want_ring, got_uly, want_uly in traffic:
-        ctx.log(f"  seq {length:6}   ring {got_ring / MiB:8.3f} / {want_ring / MiB:.3f} MiB   "
-                f"Ulysses {got_uly / MiB:8.3f} / {want_uly / MiB:.3f} MiB   ring / Ulysses {got_ring / got_uly:.2f}")
+        sent = got_uly * (CP - 1) / CP
+        ctx.log(f"  seq {length:6}   ring {got_ring / MiB:8.3f} / {want_ring / MiB:.3f} MiB   Ulysses messages "
+                f"{got_uly / MiB:8.3f} / {want_uly / MiB:.3f} MiB, sent {sent / MiB:.3f}   ring / Ulysses sent "
+                f"{got_ring / sent:.2f}")
     off = max(max(abs(a - b) / b for a, b in ((r[1], r[2]), (r[3], r[4]))) for r in traffic)
-    ctx.check("bytes per rank as predicted, ring and Ulysses", off <= 1e-9,
+    ctx.check("ring bytes and Ulysses messages as predicted", off <= 1e-9,
               f"largest gap {100 * off:.2g}% over {len(traffic)} sequence lengths")
-    ctx.log(f"  as cp grows (predicted, seq {traffic[-1][0]}): " + "  ".join(
+    ctx.log(f"  bytes sent as cp grows (predicted, seq {traffic[-1][0]}): " + "  ".join(
         f"cp {row.cp}: ring {row.ring / MiB:.2f}, Ulysses "
         + (f"{row.ulysses / MiB:.2f}" if row.ulysses else "-") + " MiB"
         for row in predict.comm_table(config, 1, [traffic[-1][0]], [2, 4, 8], 4)))
-    figures += [figure(f"ring bytes per rank per layer, seq {traffic[-1][0]}", round(traffic[-1][1] / MiB, 3), "MiB",
-                       round(traffic[-1][2] / MiB, 3), "forward + backward"),
-                figure(f"Ulysses bytes per rank per layer, seq {traffic[-1][0]}", round(traffic[-1][3] / MiB, 3),
-                       "MiB", round(traffic[-1][4] / MiB, 3), "forward + backward")]
+    figures += [figure(f"ring bytes sent per rank per layer, seq {traffic[-1][0]}", round(traffic[-1][1] / MiB, 3),
+                       "MiB", round(traffic[-1][2] / MiB, 3), "forward + backward"),
+                figure(f"Ulysses all-to-all messages per rank per layer, seq {traffic[-1][0]}",
+                       round(traffic[-1][3] / MiB, 3), "MiB", round(traffic[-1][4] / MiB, 3),
+                       "forward + backward; (P - 1)/P of them sent")]
     lengths = [r[0] for r in traffic]
     plots.line_plot(ctx.run_dir / "traffic.png", {
-        "ring, measured": (lengths, [r[1] / MiB for r in traffic]), "ring, predicted": (lengths, [r[2] / MiB for r in traffic]),
-        "Ulysses, measured": (lengths, [r[3] / MiB for r in traffic]),
-        "Ulysses, predicted": (lengths, [r[4] / MiB for r in traffic])},
-        f"bytes each rank sends per attention layer, cp {CP}", "sequence length", "MiB",
-        styles={"ring, measured": "C0o", "ring, predicted": "C0-", "Ulysses, measured": "C1s", "Ulysses, predicted": "C1--"})
+        "ring: sent, measured": (lengths, [r[1] / MiB for r in traffic]),
+        "ring: sent, predicted": (lengths, [r[2] / MiB for r in traffic]),
+        "Ulysses: messages, measured": (lengths, [r[3] / MiB for r in traffic]),
+        "Ulysses: messages, predicted": (lengths, [r[4] / MiB for r in traffic])},
+        f"per attention layer and rank, cp {CP}: ring's sends, Ulysses' all-to-all messages", "sequence length", "MiB",
+        styles={"ring: sent, measured": "C0o", "ring: sent, predicted": "C0-", "Ulysses: messages, measured": "C1s",
+                "Ulysses: messages, predicted": "C1--"})
 
 if ctx.is_main:
     figures.append(figure("final loss", round(losses[-1], 4), "nats"))
     ctx.log("\nbalance.png: work and time per rank, both splits; traffic.png: bytes per rank against the sequence; "
             "memory.png: activations per rank; mesh.png: the ranks")
-ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, cp=CP, dp=dp, attention=attention, split=split, losses=losses,
-           balance={cut: rows for cut, rows in balance.items()}, traffic=traffic, activations=acts)
+ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, cp=CP, dp=dp,
+           attention=attention, split=split, losses=losses, balance=balance, traffic=traffic, activations=acts)

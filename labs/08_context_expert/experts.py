@@ -18,7 +18,8 @@ reference holding every expert, and reports tokens per expert, routes dropped at
 capacity factor and the all-to-all bytes per step against plscale estimate moe.
 
     plscale lab run moe --gpus 2                  (moe-deepspeed: DeepSpeed MoE; --gpus 4: ep 4)
-    deepspeed --num_gpus 2 labs/08_context_expert/experts.py --variant moe-deepspeed   (DS_ACCELERATOR=cpu without GPUs)
+    deepspeed --num_gpus 2 labs/08_context_expert/experts.py --variant moe-deepspeed
+        (DS_ACCELERATOR=cpu without GPUs; PLSCALE_DATA_DIR=path/to/wikitext-2 for the real data)
 """
 
 import torch
@@ -88,6 +89,7 @@ ctx.check("parameters per rank as predicted", held == want, f"{held:,} held, {wa
 
 blocks = wikitext.pack(tokens.train, seq)
 shards = [wikitext.Shards(blocks, micro, accum, r, dp, seed) for r in range(dp)]
+ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, each rank its own batch")
 
 
 def batch(step: int, of_replica: int = replica) -> list:
@@ -155,8 +157,9 @@ if ctx.is_main:
         per_rank = [r[i] for r in everyone]
         ctx.log(f"  layer {i}: " + "   ".join(f"rank {r} [{' '.join(map(str, counts))}] {dropped} dropped"
                                              for r, (counts, dropped, _) in enumerate(per_rank)))
-    ctx.check("capacity as predicted", C == predict.capacity(tokens_per_micro, E, K, factor, slack),
-              f"C = {C} (plscale estimate moe)")
+    if opts["impl"] == "deepspeed":  # DeepSpeed's gate sizes its own queues: compare
+        ctx.check("DeepSpeed's capacity as predicted", C == predict.capacity(tokens_per_micro, E, K, factor, slack),
+                  f"C = {C} read from DeepSpeed's gate (plscale estimate moe)")
     ctx.log(f"\nroutes dropped at each capacity factor (one batch after training, all {config.layers} layers, "
             f"all ranks), measured / if the router were even")
     table = []
@@ -166,15 +169,16 @@ if ctx.is_main:
         ctx.log(f"  factor {f:5}: {got:6} / {even:6} routes of {routes}  ({table[-1][1]:.1f}% / {table[-1][2]:.1f}%)")
         figures.append(figure(f"routes dropped at capacity factor {f}", round(table[-1][1], 2), "%",
                               round(table[-1][2], 2), "predicted: an even router"))
-    ctx.check("every factor drops at least what an even router must", all(m >= e - 1e-9 for _, m, e in table),
-              "an even router drops the least a factor allows (k S - E C when positive); the rest is imbalance")
+    ctx.log("  an even router drops the least a factor allows (k S - E C when positive); the rest is the "
+            "router's imbalance")
     layer0 = {f"rank {r}": counts for r, (counts, _, _) in enumerate(r[0] for r in everyone)}
     plots.routing_chart(ctx.run_dir / "experts.png", layer0, C, table,
-                        f"{E} experts, top-{K}, factor {factor}: layer 0 at step {census_step}, ep {EP}")
+                        f"{E} experts, top-{K}, ep {EP}: routes of layer 0 at step {census_step} (factor {factor}); "
+                        f"drops of all layers, one batch after training")
 
 # ---- 5. The all-to-alls of one step against plscale estimate moe ----------------------------
 a2a = predict.alltoall_bytes(tokens_per_micro, E, K, factor, config.hidden, EP, 4, slack)
-want_calls, want_bytes = a2a.calls * config.layers * accum, a2a.total_message * config.layers * accum
+want_calls, want_bytes, want_sent = a2a.per_step(config.layers, accum)
 got_calls, got_bytes = sum(c for c, _ in alltoall.values()), sum(b for _, b in alltoall.values())
 if ctx.is_main:
     source = "the dispatch's tally" if opts["impl"] == "hand" else "DeepSpeed's comms logger"
@@ -183,11 +187,11 @@ if ctx.is_main:
         ctx.log(f"  {phase:20}{c:4g} calls  {b / MiB:8.3f} MiB")
     ctx.log(f"  in all: {got_calls:g} / {want_calls} calls, {got_bytes / MiB:.3f} / {want_bytes / MiB:.3f} MiB "
             f"(4 per layer and micro-batch of E x C x h = {E} x {a2a.capacity} x {config.hidden} fp32); "
-            f"{a2a.total_sent * config.layers * accum / MiB:.3f} MiB leave the rank ((ep - 1)/ep)")
+            f"{want_sent / MiB:.3f} MiB leave the rank ((ep - 1)/ep)")
     ctx.check("all-to-all bytes per step as predicted", (got_calls, got_bytes) == (want_calls, want_bytes),
               f"{got_calls:g} calls, {got_bytes:,.0f} bytes; predicted {want_calls}, {want_bytes:,}")
-    figures += [figure("all-to-all per rank per step", round(got_bytes / MiB, 3), "MiB", round(want_bytes / MiB, 3),
-                       "messages; (ep - 1)/ep of them leave the rank"),
+    figures += [figure("all-to-all messages per rank per step", round(got_bytes / MiB, 3), "MiB",
+                       round(want_bytes / MiB, 3), f"{want_sent / MiB:.3g} MiB of them leave the rank"),
                 figure("final loss", round(losses[-1], 4), "nats")]
     ctx.log("\nexperts.png: routes per expert against the capacity, and dropped routes against the factor")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, ep=EP, dp=dp,

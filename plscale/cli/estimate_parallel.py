@@ -179,21 +179,21 @@ def experts(
     sweep_rows = [(f, moe.alltoall_bytes(tokens, num_experts, top_k, f, config.hidden, ep, e, min_capacity))
                   for f in sweep]
     routes, slots = top_k * tokens, num_experts * a2a.capacity
+    even = {f: moe.even_routing(tokens, num_experts, top_k, f, min_capacity) for f in sweep}
 
     if as_json:
         typer.echo(json.dumps({
             "preset": name, "experts": num_experts, "top_k": top_k, "capacity_factor": capacity_factor,
             "min_capacity": min_capacity, "ep": ep, "seq": seq, "micro_batch": micro_batch, "every": every,
             "precision": precision, "tokens": tokens, "routes": routes, "capacity": a2a.capacity, "slots": slots,
-            "even_routing": {"padding": _padding(routes, slots), "dropped": _dropped(routes, slots)},
+            "even_routing": dict(zip(("padding", "dropped"), even[capacity_factor])),
             "alltoall": {"calls": a2a.calls, "message": a2a.message, "sent": a2a.sent,
                          "per_layer_message": a2a.total_message, "per_layer_sent": a2a.total_sent,
-                         "moe_layers": params.moe_layers, "per_step_sent": params.moe_layers * a2a.total_sent},
+                         "moe_layers": params.moe_layers, "per_step_sent": a2a.per_step(params.moe_layers)[2]},
             "params": {**asdict(params), "total": params.total, "per_rank": params.per_rank(ep),
                        "dense_model": param_count(config)},
             "capacity_factors": [{"capacity_factor": f, "capacity": r.capacity, "slots": num_experts * r.capacity,
-                                  "padding": _padding(routes, num_experts * r.capacity),
-                                  "dropped": _dropped(routes, num_experts * r.capacity),
+                                  "padding": even[f][0], "dropped": even[f][1],
                                   "per_layer_sent": r.total_sent} for f, r in sweep_rows]}, indent=2))
         return
 
@@ -205,8 +205,8 @@ def experts(
     table.add_row("routes", f"{routes:,}", "k x S")
     table.add_row("capacity per expert C", f"{a2a.capacity:,}", f"max(ceil(S/E x k x F), {min_capacity})")
     table.add_row("slots", f"{slots:,}", "E x C: what is computed, sent and held")
-    table.add_row("padding if routing is even", f"{100 * _padding(routes, slots):.1f} %", "(E x C - k x S) / (E x C)")
-    table.add_row("dropped if routing is even", f"{100 * _dropped(routes, slots):.1f} %", "(k x S - E x C) / (k x S)")
+    table.add_row("padding if routing is even", f"{100 * even[capacity_factor][0]:.1f} %", "(E x C - k x S) / (E x C)")
+    table.add_row("dropped if routing is even", f"{100 * even[capacity_factor][1]:.1f} %", "(k x S - E x C) / (k x S)")
     table.add_row("experts a rank", str(num_experts // ep), "E / ep")
     console.print(table)
 
@@ -216,7 +216,7 @@ def experts(
         table.add_column(column, justify="left" if column == "all-to-all" else "right")
     if a2a.calls:
         table.add_row("dispatch + combine, fwd + bwd", str(a2a.calls), _size(a2a.message), _size(a2a.sent),
-                      _size(a2a.total_sent), _size(params.moe_layers * a2a.total_sent))
+                      _size(a2a.total_sent), _size(a2a.per_step(params.moe_layers)[2]))
         console.print(table)
         console.print(f"message E x C x h x e = {num_experts} x {a2a.capacity} x {config.hidden} x {e}; each rank "
                       f"keeps 1/{ep} of it for its own experts.")
@@ -240,17 +240,8 @@ def experts(
     for f, r in sweep_rows:
         mark = "[bold]" if f == capacity_factor else ""
         table.add_row(f"{mark}{f:g}", f"{r.capacity:,}", f"{num_experts * r.capacity:,}",
-                      f"{100 * _padding(routes, num_experts * r.capacity):.1f} %",
-                      f"{100 * _dropped(routes, num_experts * r.capacity):.1f} %", _size(r.total_sent))
+                      f"{100 * even[f][0]:.1f} %", f"{100 * even[f][1]:.1f} %", _size(r.total_sent))
     console.print(table)
-
-
-def _padding(routes: int, slots: int) -> float:
-    return max(slots - routes, 0) / slots
-
-
-def _dropped(routes: int, slots: int) -> float:
-    return max(routes - slots, 0) / routes
 
 
 def _size(nbytes: float) -> str:

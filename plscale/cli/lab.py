@@ -42,10 +42,12 @@ def show_lab(name: str = typer.Argument(..., help="Lab id, alias, number or vari
     console.print(f"folder: {lab.folder}   entry: {lab.entry}   lesson: {lab.folder / 'README.md'}")
     console.print(f"ranks: default {lab.default_ranks}, allowed {lab.allowed_ranks}; "
                   f"about {lab.cpu_minutes:g} min on CPU; GPU required: {lab.gpu_required}")
-    variants = Table("variant", "aliases", "overrides", "about", title="variants", title_justify="left")
+    scripts = {v.entry or lab.entry for v in lab.variants.values()}
+    variants = Table("variant", "aliases", *(["script"] if len(scripts) > 1 else []), "overrides", "about",
+                     title="variants", title_justify="left")
     for v in lab.variants.values():
-        variants.add_row(v.name, ", ".join(v.aliases), " ".join(f"{k}={val}" for k, val in v.overrides.items()),
-                         v.about)
+        variants.add_row(v.name, ", ".join(v.aliases), *([v.entry or lab.entry] if len(scripts) > 1 else []),
+                         " ".join(f"{k}={val}" for k, val in v.overrides.items()), v.about)
     console.print(variants)
     settings = Table("setting", "default", title="settings (change with --set key=value)", title_justify="left")
     for key, value in flatten(lab.settings).items():

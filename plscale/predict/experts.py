@@ -32,9 +32,10 @@ none at ep 1 (DeepSpeed skips the all-to-all). The message does not shrink with 
 the capacity factor pads is padding on the wire too.
 
 Parameters: the experts are split over ep; everything else (embedding, attention, norms,
-the router's h x E gate, the head) is replicated. DeepSpeed then averages the expert
-gradients over the dp/ep ranks that hold the same experts (expert data parallelism), the
-rest over all dp ranks.
+the router's h x E gate, the head) is replicated. DeepSpeed sums each expert's gradient over
+the ranks that hold the same experts (expert data parallelism, edp = dp / ep) and divides it
+by dp, as it averages the rest over all dp ranks: the all-to-all's backward has already
+brought every rank's tokens into each expert's gradient.
 
     >>> capacity(tokens=1024, experts=8, top_k=2, capacity_factor=1.25)
     320
@@ -114,6 +115,11 @@ class MoEAllToAll:
     def total_sent(self) -> int:
         return self.calls * self.sent
 
+    def per_step(self, moe_layers: int, micro_batches: int = 1) -> tuple[int, int, int]:
+        """(calls, message bytes, bytes sent) of one optimizer step: every MoE layer, every micro-batch."""
+        n = moe_layers * micro_batches
+        return n * self.calls, n * self.total_message, n * self.total_sent
+
 
 def alltoall_bytes(tokens: int, experts: int, top_k: int, capacity_factor: float, hidden: int, ep: int,
                    element_bytes: int, min_capacity: int = 0) -> MoEAllToAll:
@@ -182,3 +188,16 @@ def dropped_if_even(tokens: int, experts: int, top_k: int, capacity_factor: floa
     routes = top_k * tokens
     share, extra = divmod(routes, experts)
     return sum(max(0, share + (e < extra) - slots) for e in range(experts))
+
+
+def even_routing(tokens: int, experts: int, top_k: int, capacity_factor: float,
+                 min_capacity: int = 0) -> tuple[float, float]:
+    """(padding, dropped) if the router shared the k*S routes out evenly: the share of the E x C
+    slots left empty (computed and sent all the same), and the share of routes dropped.
+
+    >>> even_routing(512, 4, 2, 1.25), even_routing(512, 4, 2, 0.5)
+    ((0.2, 0.0), (0.0, 0.5))
+    """
+    slots, routes = experts * capacity(tokens, experts, top_k, capacity_factor, min_capacity), top_k * tokens
+    dropped = dropped_if_even(tokens, experts, top_k, capacity_factor, min_capacity)
+    return (slots - (routes - dropped)) / slots, dropped / routes

@@ -89,7 +89,11 @@ class Lab:
         default = self.variant(None)
         if self.entry_of(default).resolve() == script:
             return default
-        return self.variant(self.variants_of(script)[0])
+        mine = self.variants_of(script)
+        if not mine:
+            raise UserError(f"No variant of lab {self.id!r} runs {script.name}: launch {self.entry_of(default).name}, "
+                            f"or add a variant with entry: {script.name} to {self.folder / 'lab.yaml'}.")
+        return self.variant(mine[0])
 
     def variants_of(self, script: Path) -> list[str]:
         script = Path(script).resolve()

@@ -83,4 +83,5 @@ class ContextParallelLlama(Llama):
         index = torch.tensor(positions(seq, cp, rank, self.split), device=tokens.device)
         cos, sin = rope_tables(self.config.head_dim, seq, self.config.rope_theta, tokens.device)
         loss = self.forward_rotated(tokens, targets, cos[index], sin[index])  # RoPE at the global positions
-        return loss if targets is None else loss / cp                            # this rank's share
+        # this rank's share: its mean / cp, as every rank holds as many tokens (no ignored targets)
+        return loss if targets is None else loss / cp

@@ -21,7 +21,9 @@ flash-attention kernel on CPU (it never holds the [sq, sk] scores), or the same 
 in einsums (`_math_forward`, the path on other devices). The backward recomputes the
 probabilities from q, k, v, out and lse (the tensors SDPA saves, so activation memory is the
 dense model's at s/cp tokens). The gradient
-accumulators dk, dv travel with their block and arrive home after one more hop:
+accumulators dk, dv travel with their block and arrive home after one more hop. The k, v
+exchange overlaps the compute; the dk, dv hop follows each step's compute and is waited for
+(ring-flash-attention overlaps it too, with one more buffer):
 
     forward    (cp - 1) x k, v                 = 2 (cp - 1) blocks sent per rank
     backward   (cp - 1) x k, v, dk, dv  + dk, dv = 4 (cp - 1) + 2 blocks,

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plscale.predict.experts import capacity, check_capacity, check_experts, check_top_k
+from plscale.predict.experts import check_capacity, check_experts, check_top_k
 from plscale.predict.presets import ModelConfig
 from plscale.rank.experts.dispatch import (
     combine,
@@ -116,13 +116,18 @@ class DeepSpeedMoEMLP(nn.Module):
                        capacity_factor=capacity_factor, eval_capacity_factor=capacity_factor,
                        min_capacity=min_capacity, use_residual=False, noisy_gate_policy=None, drop_tokens=True,
                        use_rts=False, top2_2nd_expert_sampling=False)
+        self._gate = None
+        self.moe.deepspeed_moe.gate.register_forward_hook(self._read_gate)
 
     def forward(self, x: torch.Tensor):
         out, l_aux, counts = self.moe(x)
-        # DeepSpeed keeps C to itself; every expert keeps min(count, C) of its routes
-        slots = capacity(x.numel() // x.shape[-1], self.num_experts, self.top_k, self.capacity_factor,
-                         self.min_capacity)
-        return out, l_aux, Stats(counts.tolist(), int((counts - slots).clamp(min=0).sum()), slots)
+        slots, kept = self._gate  # as DeepSpeed's gate decided them, read by the hook below
+        return out, l_aux, Stats(counts.tolist(), int(counts.sum()) - kept, slots)
+
+    def _read_gate(self, gate, inputs, output) -> None:
+        """DeepSpeed's gate returns (l_aux, C, E, indices [k, S], ...), a dropped route's expert
+        index set to -1: its capacity and the routes it kept, measured rather than predicted."""
+        self._gate = (int(output[1]), int((output[3] >= 0).sum()))
 
     def set_capacity_factor(self, factor: float) -> None:
         gate = self.moe.deepspeed_moe.gate

@@ -151,6 +151,8 @@ def initialize(model: MoELlama, ds_config: dict, mesh):
     params = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()),
                                                                     "name": "parameters"})
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config)
+    if model.impl == "deepspeed":  # its layers placed experts by rank % ep: are its groups the mesh's?
+        _expert_groups(model.ep, mesh)
     return engine
 
 
