@@ -108,9 +108,8 @@ def start(entry_file: str, argv=None) -> Context:
     lab = load_lab(Path(entry_file).resolve().parent)
     try:
         variant, settings, ds_config = _inputs(lab, args, entry_file)
-    except UserError as exc:  # every rank finds the same; the first says it in one line, no traceback
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+    except UserError as exc:  # every rank says the same one line; no traceback, no collective
+        print(f"error: {exc}", file=sys.stderr, flush=True)
         os._exit(exc.exit_code)
 
     d = distributed.init()
