@@ -111,7 +111,7 @@ for step in range(steps):
     if step == census_step:
         routing = [(s.counts, s.dropped, s.capacity) for s in model.routing]  # the last micro-batch
         if opts["impl"] == "hand":
-            alltoall = {phase: (c, b) for (_, phase), (c, b, _) in dispatch.TALLY.rows().items()}
+            alltoall = {phase: (c, b) for (_, phase), (c, b) in dispatch.TALLY.rows().items()}
         elif before is not None:
             t = comms.per_step(before, comms.snapshot(), 1).get("all_to_all_single", comms.Traffic(0, 0, 0))
             alltoall = {"forward + backward": (t.calls, t.bytes)}

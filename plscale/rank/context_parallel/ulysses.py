@@ -20,33 +20,13 @@ DeepSpeed's communication layer must be up: `deepspeed.init_distributed()` (plsc
 runtime does it) after, or instead of, torch's.
 """
 
-from collections import defaultdict
-
 import deepspeed.comm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from deepspeed.sequence.layer import DistributedAttention
 
-
-class Tally:
-    """All-to-alls by phase: calls and bytes (the whole tensor each one exchanged)."""
-
-    def __init__(self):
-        self.counts = defaultdict(lambda: [0, 0])
-
-    def add(self, phase: str, x: torch.Tensor) -> None:
-        entry = self.counts[phase]
-        entry[0] += 1
-        entry[1] += x.numel() * x.element_size()
-
-    def reset(self) -> None:
-        self.counts.clear()
-
-    def rows(self) -> dict:
-        """{phase: (calls, bytes)}"""
-        return {phase: tuple(value) for phase, value in sorted(self.counts.items())}
-
+from plscale.rank.tally import Tally
 
 TALLY = Tally()
 
@@ -57,12 +37,12 @@ class _Crossed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        TALLY.add("forward", x)
+        TALLY.add("all_to_all", "forward", x)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        TALLY.add("backward", grad)
+        TALLY.add("all_to_all", "backward", grad)
         return grad
 
 

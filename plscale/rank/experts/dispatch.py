@@ -21,50 +21,26 @@ The all-to-all's gradient is an all-to-all the other way, so one MoE layer costs
 micro-batch: dispatch and combine, forward and backward. Each moves the [E, C, h] buffer, of
 which a rank keeps its own block and sends (ep-1)/ep. Every call is counted in TALLY:
 
-    TALLY.reset(); model(x, y).backward(); TALLY.rows()   # {("all_to_all", phase): (calls, bytes, sent)}
+    TALLY.reset(); model(x, y).backward(); TALLY.rows()   # {("all_to_all", phase): (calls, bytes)}
 
 With ep = 1 (one rank holds every expert) there is nothing to exchange and nothing is counted.
 """
-
-from collections import defaultdict
 
 import torch
 import torch.distributed as dist
 
 from plscale.rank.experts.router import Routing
-
-
-class Tally:
-    """Calls, bytes (the whole buffer each rank passes in) and bytes sent (the part that leaves
-    the rank) per (collective, phase)."""
-
-    def __init__(self):
-        self.counts = defaultdict(lambda: [0, 0, 0])
-
-    def add(self, op: str, phase: str, nbytes: int, sent: int) -> None:
-        entry = self.counts[(op, phase)]
-        entry[0] += 1
-        entry[1] += nbytes
-        entry[2] += sent
-
-    def reset(self) -> None:
-        self.counts.clear()
-
-    def rows(self) -> dict:
-        return {key: tuple(value) for key, value in sorted(self.counts.items())}
-
+from plscale.rank.tally import Tally
 
 TALLY = Tally()
 
 
 def all_to_all(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     """Block j of x's first dimension to rank j; block i of the result from rank i (even blocks)."""
-    ep = dist.get_world_size(group)
     x = x.contiguous()
     out = torch.empty_like(x)
     dist.all_to_all_single(out, x, group=group)
-    nbytes = x.numel() * x.element_size()
-    TALLY.add("all_to_all", phase, nbytes, nbytes * (ep - 1) // ep)
+    TALLY.add("all_to_all", phase, x)
     return out
 
 

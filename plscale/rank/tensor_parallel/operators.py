@@ -24,33 +24,13 @@ TALLY by collective and phase, so a lab can report what one step sent:
     TALLY.reset(); loss.backward(); TALLY.rows()   # {(op, phase): (calls, bytes)}
 """
 
-from collections import defaultdict
-
 import torch
 import torch.distributed as dist
 
 from plscale.rank.distributed import all_gather_single, reduce_scatter_single
+from plscale.rank.tally import Tally
 
 SEQ = 1
-
-
-class Tally:
-    """Calls and bytes per (collective, phase). Bytes: the all-reduced tensor; for all-gather
-    the gathered tensor, for reduce-scatter its input: the full tensor either way."""
-
-    def __init__(self):
-        self.counts = defaultdict(lambda: [0, 0])
-
-    def add(self, op: str, phase: str, nbytes: int) -> None:
-        entry = self.counts[(op, phase)]
-        entry[0] += 1
-        entry[1] += nbytes
-
-    def reset(self) -> None:
-        self.counts.clear()
-
-    def rows(self) -> dict:
-        return {key: tuple(value) for key, value in sorted(self.counts.items())}
 
 
 TALLY = Tally()
