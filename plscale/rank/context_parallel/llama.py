@@ -27,7 +27,7 @@ from plscale.predict.context_parallel import check_split, positions
 from plscale.predict.presets import ModelConfig
 from plscale.rank.context_parallel.ring_attention import ring_attention
 from plscale.rank.context_parallel.ulysses import check_heads, ulysses_attention
-from plscale.rank.models.llama import Attention, Llama, apply_rope, rope_tables
+from plscale.rank.models.llama import Attention, Llama, rope_tables
 
 ATTENTIONS = ("ring", "ulysses")
 
@@ -45,18 +45,12 @@ class ContextParallelAttention(Attention):
         super().__init__(c)
         self.group, self.attention, self.split = group, attention, split
 
-    def forward(self, x, cos, sin):
-        b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    def attend(self, q, k, v):
+        """q, k, v of this rank's tokens, [b, heads, s/cp, d]: attention over the whole sequence."""
         if self.attention == "ulysses":
-            out = ulysses_attention(q, k, v, self.group)
-        else:
-            cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-            out = ring_attention(q, k, v, self.group, positions(s * cp, cp, rank, self.split))
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+            return ulysses_attention(q, k, v, self.group)
+        cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        return ring_attention(q, k, v, self.group, positions(q.shape[2] * cp, cp, rank, self.split))
 
 
 class ContextParallelLlama(Llama):

@@ -60,9 +60,12 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                             enable_gqa=self.kv_heads != self.heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        return self.o_proj(self.attend(q, k, v).transpose(1, 2).reshape(b, s, -1))
+
+    def attend(self, q, k, v):
+        """Causal attention of q [b, heads, s, d] over k, v [b, kv_heads, s, d]: the core that
+        context parallelism distributes."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
 
 
 class MLP(nn.Module):
