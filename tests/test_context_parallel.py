@@ -7,17 +7,12 @@ of summation differs (tolerance 1e-10). Ring attention's tally is checked agains
 predictions: the work per rank against `attention_work` (the zig-zag balance), the bytes
 against the block count, and the saved activations against the dense model at s/cp tokens."""
 
-import json
-import os
-import socket
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from helpers.ranks import run_ranks
 from plscale.predict.context_parallel import attention_work
 from plscale.predict.presets import ModelConfig
 
@@ -34,12 +29,6 @@ RING_CASES = {  # name: (split, causal, heads, kv_heads, kernel of each chunk pa
 }
 MODEL_CASES = {"ring zigzag": ("ring", "zigzag"), "ring plain": ("ring", "plain"), "ulysses": ("ulysses", "plain")}
 TOL = 1e-10
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _gap(a, b) -> float:
@@ -61,7 +50,7 @@ def _attention_gaps(attend, local, heads, kv_heads, causal, seed) -> list[float]
     return [_gap(out, full.detach()[:, :, local])] + [_gap(m.grad, t.grad[:, :, local]) for m, t in zip(mine, (q, k, v))]
 
 
-def _cases(world):
+def _cases(rank, world):
     from plscale.predict.context_parallel import positions
     from plscale.rank.census import saved_activations
     from plscale.rank.context_parallel import ring_attention as ring, ulysses
@@ -70,7 +59,7 @@ def _cases(world):
     from plscale.rank.models.llama import Llama
 
     mesh = Mesh.build(cp=world, dims=("cp",))
-    group, rank, out = mesh.group("cp"), mesh.rank_in("cp"), {}
+    group, out = mesh.group("cp"), {}
 
     for name, (split, causal, heads, kv_heads, kernel) in RING_CASES.items():
         pos = positions(S, world, rank, split)
@@ -119,31 +108,18 @@ def _cases(world):
     return out
 
 
-def _worker(rank, ports, out_dir):
-    os.environ["DS_ACCELERATOR"] = "cpu"
-    torch.set_num_threads(1)
+def _setup():
     import deepspeed
 
     from plscale.rank.distributed import _skip_shm_build
 
     _skip_shm_build()
-    for world, port in zip(WORLDS, ports):
-        if rank < world:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world, timeout=timedelta(seconds=60))
-            deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # Ulysses talks through it
-            (out_dir / f"world{world}_rank{rank}.json").write_text(json.dumps(_cases(world)))
-            dist.barrier()
-            dist.destroy_process_group()
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # Ulysses talks through it
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("context_parallel")
-    mp.start_processes(_worker, args=([_free_port() for _ in WORLDS], out_dir), nprocs=max(WORLDS),
-                       start_method="spawn")
-    return {(w, r): json.loads((out_dir / f"world{w}_rank{r}.json").read_text())
-            for w in WORLDS for r in range(w)}
+    return run_ranks(_cases, WORLDS, tmp_path_factory.mktemp("context_parallel"), _setup)
 
 
 @pytest.mark.parametrize("world", WORLDS)

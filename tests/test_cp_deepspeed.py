@@ -5,28 +5,16 @@ or averaged where it should be summed) leaves the loss curve nearly unchanged, s
 steps plain SGD at lr 1: each weight then moves by exactly its reduced gradient, which must be
 the dense model's on the same four micro-batches."""
 
-import json
-import os
-import socket
-from datetime import timedelta
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from helpers.ranks import run_ranks
 from plscale.predict.presets import ModelConfig
 
 CP, WORLD, B, S, ACCUM = 2, 4, 2, 16, 2
 CONFIG = ModelConfig(vocab=96, hidden=32, layers=2, heads=4, kv_heads=2, ffn=48, max_seq=32)
 CASES = [(attention, split, stage) for attention, split in (("ring", "zigzag"), ("ulysses", "plain"))
          for stage in (0, 1, 2)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _one_step(mesh, attention, split, stage, data):
@@ -61,31 +49,27 @@ def _one_step(mesh, attention, split, stage, data):
     return max(gaps), (moved / want) ** 0.5
 
 
-def _worker(rank, port, out_dir):
-    os.environ.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
+def _setup():
     import deepspeed
 
     from plscale.rank.distributed import _skip_shm_build
-    from plscale.rank.mesh import Mesh
 
     _skip_shm_build()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=120))
     deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+
+
+def _cases(rank, world):
+    from plscale.rank.mesh import Mesh
+
     mesh = Mesh.build(cp=CP, dims=("tp", "cp", "dp", "dp-cp", "pp"))
     data = torch.randint(0, CONFIG.vocab, (mesh.size("dp"), ACCUM, B, S + 1), generator=torch.Generator().manual_seed(3))
-    out = {" ".join(map(str, case)): _one_step(mesh, *case, data) for case in CASES}
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
-    dist.barrier()
-    dist.destroy_process_group()
+    return {" ".join(map(str, case)): _one_step(mesh, *case, data) for case in CASES}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("cp_deepspeed")
-    mp.start_processes(_worker, args=(_free_port(), out_dir), nprocs=WORLD, start_method="spawn")
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    got = run_ranks(_cases, (WORLD,), tmp_path_factory.mktemp("cp_deepspeed"), _setup)
+    return [got[(WORLD, r)] for r in range(WORLD)]
 
 
 @pytest.mark.parametrize("case", [" ".join(map(str, c)) for c in CASES])

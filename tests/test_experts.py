@@ -7,15 +7,11 @@ Two spawns: 4 ranks (layers by hand at ep 2 and 4; engines at ep 2, edp 2, and e
 (the router against DeepSpeed's; both layers and both engines at ep 2 = world). Layers run in
 float64 (the router in fp32, as DeepSpeed's), so only summation order differs; engines in fp32."""
 
-import json
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from helpers.ranks import run_ranks
 from plscale.predict.experts import capacity
 from plscale.predict.presets import ModelConfig
 
@@ -25,12 +21,6 @@ FACTORS = (0.5, 1.0, 2.0, float(E))  # the last gives C >= tokens: nothing dropp
 TOL = 1e-12
 STEPS, LR = 3, 1e-2
 EPS = {4: (2, 4), 2: (2,)}  # world -> expert-parallel sizes
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _gap(a, b) -> float:
@@ -174,13 +164,15 @@ def _training(mesh, world, rank, impl):
     return {"losses": losses, "want": want, "grad gap": grad_gap, "dropped": sum(s.dropped for s in model.routing)}
 
 
-def _worker(rank, world, port, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+def _setup():
     from plscale.rank import distributed
+
+    distributed.init()  # DeepSpeed's communication, as a lab's ranks have it
+
+
+def _cases(rank, world):
     from plscale.rank.mesh import Mesh
 
-    distributed.init()
     out = {}
     if world == 2:
         out["router"] = _router_vs_deepspeed()
@@ -190,16 +182,15 @@ def _worker(rank, world, port, out_dir):
         out.update(_layers(mesh, world, rank, ep, impls if world == 2 else ("hand",)))  # DeepSpeed's: ep 2 once
         for impl in impls:
             out[f"engine {impl} ep{ep}"] = _training(mesh, world, rank, impl)
-    (out_dir / f"world{world}_rank{rank}.json").write_text(json.dumps(out))
-    distributed.shutdown()
+    return out
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("experts")
-    for world in (4, 2):
-        mp.start_processes(_worker, args=(world, _free_port(), out_dir), nprocs=world, start_method="spawn")
-    return {(w, r): json.loads((out_dir / f"world{w}_rank{r}.json").read_text()) for w in (4, 2) for r in range(w)}
+    out_dir, got = tmp_path_factory.mktemp("experts"), {}
+    for world in (4, 2):  # a fresh spawn each: DeepSpeed keeps its expert groups for the process's life
+        got.update(run_ranks(_cases, (world,), out_dir, _setup))
+    return got
 
 
 @pytest.mark.parametrize("case", ["even k1", "even k2", "overflow k1", "overflow k2", "odd k1", "odd k2"])

@@ -2,15 +2,11 @@
 gloo at tp 2 and tp 4: forward output and every gradient, in float64 so that only summation
 order can differ (tolerance 1e-10). Also the tally of collectives against the Megatron count."""
 
-import json
-import socket
-from datetime import timedelta
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from helpers.ranks import run_ranks
 from plscale.predict import tensor_parallel as predict_tp
 from plscale.predict.presets import ModelConfig
 
@@ -19,12 +15,6 @@ WORLDS = (2, 4)
 CONFIG = ModelConfig(vocab=96, hidden=32, layers=2, heads=8, kv_heads=4, ffn=48, max_seq=16)
 B, S = 2, 8
 TOL = 1e-10
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _gap(a, b) -> float:
@@ -146,24 +136,9 @@ def _cases(rank, world):
     return out
 
 
-def _worker(rank, ports, out_dir):
-    torch.set_num_threads(1)
-    for world, port in zip(WORLDS, ports):
-        if rank < world:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=world, timeout=timedelta(seconds=60))
-            (out_dir / f"world{world}_rank{rank}.json").write_text(json.dumps(_cases(rank, world)))
-            dist.barrier()
-            dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("tp_layers")
-    mp.start_processes(_worker, args=([_free_port() for _ in WORLDS], out_dir), nprocs=max(WORLDS),
-                       start_method="spawn")
-    return {(w, r): json.loads((out_dir / f"world{w}_rank{r}.json").read_text())
-            for w in WORLDS for r in range(w)}
+    return run_ranks(_cases, WORLDS, tmp_path_factory.mktemp("tp_layers"))
 
 
 @pytest.mark.parametrize("world", WORLDS)
