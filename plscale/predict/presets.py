@@ -30,6 +30,7 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
     dropout: float = 0.0  # on each residual branch in training (GPT-2 style); Llama uses none
+    attention: str = "fused"  # the attention core: "fused" (PyTorch's flash kernel) or "math" (scores kept)
 
     @property
     def head_dim(self) -> int:

@@ -5,6 +5,10 @@ LlamaForCausalLM (embed_tokens, layers.N.self_attn.q_proj ... mlp.down_proj, nor
 so DeepSpeed AutoTP recognises which projections to split by column and which by row.
 The output head shares the embedding's weight when `config.tie_embeddings`; with
 `config.dropout` > 0 each residual branch is dropped out in training (draws from torch's RNG).
+The attention core is PyTorch's fused kernel (`config.attention = "fused"`: flash attention,
+which keeps only q, k, v, the output and the log-sum-exp for backward) or written out
+(`"math"`: softmax(q k^T / sqrt(d) + mask) v, which keeps the heads x s x s probabilities, the
+activations Megatron's selective recomputation drops).
 
     model = Llama(preset("small"))
     loss = model(tokens, targets)          # (batch, seq) int64 -> mean cross-entropy
@@ -45,10 +49,23 @@ def apply_rope(x, cos, sin):
     return rotated.to(x.dtype)
 
 
+def math_attention(q, k, v):
+    """Causal softmax(q k^T / sqrt(d)) v written out, q [b, heads, s, d], k, v [b, kv_heads, s, d].
+    Saved for backward: the scaled q, k, v and the probabilities [b, heads, s, s]."""
+    if k.shape[1] != q.shape[1]:  # grouped-query: each k/v head serves heads / kv_heads query heads
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    s = q.shape[-2]
+    mask = torch.full((s, s), float("-inf"), device=q.device, dtype=q.dtype).triu(1)
+    probs = torch.softmax((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1) + mask, dim=-1)
+    return probs @ v
+
+
 class Attention(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.head_dim
+        if c.attention not in ("fused", "math"):
+            raise ValueError(f"attention core {c.attention!r}: use fused or math")
+        self.heads, self.kv_heads, self.head_dim, self.core = c.heads, c.kv_heads, c.head_dim, c.attention
         self.q_proj = nn.Linear(c.hidden, c.hidden, bias=False)
         self.k_proj = nn.Linear(c.hidden, c.kv_dim, bias=False)
         self.v_proj = nn.Linear(c.hidden, c.kv_dim, bias=False)
@@ -64,7 +81,9 @@ class Attention(nn.Module):
 
     def attend(self, q, k, v):
         """Causal attention of q [b, heads, s, d] over k, v [b, kv_heads, s, d]: the core that
-        context parallelism distributes."""
+        context parallelism distributes, and selective recomputation rebuilds in backward."""
+        if self.core == "math":
+            return math_attention(q, k, v)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
 
 
