@@ -120,7 +120,7 @@ def test_activations_under_tp_and_sp_by_hand():
     assert estimate(Setup(**base)).term("activations").device == 4 * tp_layer + tp_head
     assert estimate(Setup(**base, sp=True)).term("activations").device == 4 * sp_layer + sp_head
     # recomputation keeps each layer's input: a t-th of it under sequence parallelism
-    recompute = estimate(Setup(**base, sp=True, recompute=True)).term("activations").device
+    recompute = estimate(Setup(**base, sp=True, recompute="full")).term("activations").device
     assert recompute == 4 * sb * h * e / t + sp_layer + sp_head
 
 

@@ -44,30 +44,14 @@ instead (device memory, mixed precision, stages 2 and 3, no accumulation): an fp
 partition for the step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at stage 3 the
 largest layer's parameters and gradients gathered in full (2 + 2 bytes each) plus 18Ψ/N.
 
-Activations saved for backward by plscale's Llama (counted from its autograd graph; a test
-checks the count against a saved-tensors census). Per layer, per micro-batch of b sequences
-of s tokens, in elements of e bytes (e = p), h hidden, h_kv key/value width, f SwiGLU width,
-a heads, t tensor-parallel ranks:
+Activations (plscale.predict.activations, with their formulas): what each layer and the head
+keep for backward, under recomputation (`recompute`: none, selective or full, of the first
+`recompute_layers` layers), tensor and sequence parallelism. The `activations` term is the peak:
+what the forward keeps plus what backward rebuilds at once. Pipeline parallelism (1F1B) holds
+the whole model's worth on its first stage.
 
-    layer     s*b*(6h + 2) [two RMSNorms]  +  s*b*(3h + 2h_kv + 4f)/t [attention, MLP]
-              +  a*s*b/t in fp32 [attention's log-sum-exp]
-    head      s*b*(3h + 1) [final RMSNorm]  +  4*s*b*V/t bytes [log-softmax, fp32]
-    recompute keep only each layer's input, s*b*h, and rebuild one layer at a time
-
-Each RMSNorm keeps its input, 1/rms and the normalised input (2h + 1), and the linear after
-it keeps the norm's output (h). Tensor parallelism splits everything inside the blocks and
-the vocabulary, not the norms. Sequence parallelism (sp) splits the norms' 2h + 1 along
-the sequence too; the all-gathered input a column-parallel linear keeps stays whole (h)
-here (Megatron-LM gathers it again in backward instead, and keeps only its slice):
-
-    sp layer  s*b*(4h + 2)/t + s*b*2h  +  the same attention and MLP terms
-    sp head   s*b*(2h + 1)/t + s*b*h   +  4*s*b*V/t
-
-Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
-micro-batches of L/pp layers, the whole model's worth (Korthikanti et al., 2022).
-
-Context parallelism (cp ranks share each sequence, s/cp tokens each) cuts every term above,
-layers and head, to s/cp tokens: ring attention and Ulysses each keep only their own tokens'
+Context parallelism (cp ranks share each sequence, s/cp tokens each) cuts every activation
+term, layers and head, to s/cp tokens: ring attention and Ulysses each keep only their own tokens'
 q, k, v, output and log-sum-exp (the k, v blocks that pass through a ring rank, and Ulysses'
 whole-sequence heads, are transient). The model states do not change: the cp ranks of a
 group hold the same weights and see different tokens of the same sequences, so their
@@ -80,8 +64,14 @@ from dataclasses import asdict, dataclass, field
 
 from plscale.dsconfig.valid import require as require_valid_zero, zero_settings
 from plscale.errors import UserError
+from plscale.predict.activations import (activation_bytes, activation_formula, check_core, check_recompute,
+                                         head_activation_bytes, layer_activation_bytes, rebuilt_bytes)
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
 from plscale.predict.tensor_parallel import check_divisible, params_per_rank
+
+__all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "setup_from_ds_config",
+           # the activation model's entry points, re-exported for the labs
+           "activation_bytes", "activation_formula", "head_activation_bytes", "layer_activation_bytes", "rebuilt_bytes"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
@@ -109,7 +99,8 @@ class Setup:
     seq: int = 1024
     micro_batch: int = 1
     grad_accum: int = 1               # micro-batches per optimizer step (rules 2 and 3)
-    recompute: bool = False
+    recompute: str = "none"           # activation recomputation: none, selective or full
+    recompute_layers: int = 0         # of the first k layers (0: every layer)
     largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
     accounting: str = "paper"         # "paper" or "deepspeed"
     cp: int = 1                       # context-parallel ranks per sequence: activations of seq / cp tokens
@@ -139,6 +130,9 @@ class Setup:
                                 f"sequence shards: use a multiple of {self.cp * self.tp} with --sp.")
             raise UserError(f"--seq {self.seq} does not split into {self.tp} sequence shards: use a multiple of "
                             f"{self.tp} with --sp.")
+        check_recompute(self.recompute, self.recompute_layers, self.model.layers if self.model else None)
+        if self.model:
+            check_core(self.model.attention)
         if self.model and self.tp > 1:
             check_divisible(self.model, self.tp)
         if self.model and self.model.layers % self.pp:
@@ -208,7 +202,7 @@ def estimate(s: Setup) -> Estimate:
         psi = s.params / (s.tp * s.pp)
     terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
     if s.model is not None:
-        terms.append(Term("activations", activation_bytes(s), 0.0, _activation_formula(s)))
+        terms.append(Term("activations", activation_bytes(s) + rebuilt_bytes(s), 0.0, activation_formula(s)))
     return Estimate(s, terms)
 
 
@@ -264,43 +258,6 @@ def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
     if s.offload_param:
         params = Term("parameters", 2 * big, 2 * psi / n, "2 x largest layer; 2Ψ/N on host")
     return [params, grads, *states]
-
-
-def layer_activation_bytes(s: Setup) -> float:
-    """Bytes one decoder layer saves for backward, per micro-batch (see the module doc)."""
-    c, e, t = s.model, BYTES[s.precision], s.tp
-    sb = s.tokens * s.micro_batch
-    norms = sb * (4 * c.hidden + 2) * e / t + sb * 2 * c.hidden * e if s.sp else sb * (6 * c.hidden + 2) * e
-    return norms + sb * (3 * c.hidden + 2 * c.kv_dim + 4 * c.ffn) * e / t + 4 * c.heads * sb / t
-
-
-def head_activation_bytes(s: Setup) -> float:
-    """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
-    c, e, sb = s.model, BYTES[s.precision], s.tokens * s.micro_batch
-    norm = sb * (2 * c.hidden + 1) * e / s.tp + sb * c.hidden * e if s.sp else sb * (3 * c.hidden + 1) * e
-    return norm + 4 * sb * c.vocab / s.tp
-
-
-def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> float:
-    """Bytes saved for backward per micro-batch by `layers` decoder layers (default: all) and,
-    if `head`, the head: the whole model, or one pipeline stage's share of it."""
-    c, e = s.model, BYTES[s.precision]
-    layers = c.layers if layers is None else layers
-    if s.recompute:  # each layer's input, a sequence slice of it under sequence parallelism
-        kept = layers * s.tokens * s.micro_batch * c.hidden * e / (s.tp if s.sp else 1) \
-            + (layer_activation_bytes(s) if layers else 0)
-    else:
-        kept = layers * layer_activation_bytes(s)
-    return kept + (head_activation_bytes(s) if head else 0)
-
-
-def _activation_formula(s: Setup) -> str:
-    t = "" if s.tp == 1 else "/t"
-    norms = "sb(4h+2)p/t + 2sbhp" if s.sp else "sb(6h+2)p"
-    layer = f"{norms} + sb(3h+2h_kv+4f)p{t} + 4asb{t}"
-    kept = "L·sbhp/t" if s.sp else "L·sbhp"
-    formula = (f"{kept} + one layer [{layer}]" if s.recompute else f"L·[{layer}]") + " + head"
-    return formula.replace("sb", "(s/cp)b") if s.cp > 1 else formula  # each rank's s/cp tokens
 
 
 def gib(nbytes: float) -> float:

@@ -1,0 +1,177 @@
+"""Activations saved for backward by plscale's Llama, per micro-batch per rank, and what each
+recomputation strategy keeps, drops and rebuilds.
+
+Counted from the model's autograd graph. tests/test_recompute_predict.py measures the bytes a
+real forward allocates and still holds at its end (torch's allocator history): equal to this
+model for every strategy, both cores, grouped-query attention, fp32 and bf16, but for RoPE's
+cos and sin tables and the targets (4.6 KB of 2.1 MB on preset tiny at seq 32).
+Per token of a layer, in elements of e bytes (e = 4 fp32, 2 bf16/fp16), h hidden, h_kv the
+key/value width, f SwiGLU width, a heads, s sequence, V vocabulary, t tensor-parallel ranks:
+
+    norms      2 x [(2h + 1) x 4 bytes + h]    each RMSNorm keeps its input, 1/rms and the
+                                               normalised input in fp32 (torch's rms_norm on CPU
+                                               computes in fp32 at least; a fused GPU kernel may
+                                               keep less), the linear after it the norm's output
+    attention  (2h + 2h_kv)/t                  q, k (after RoPE), v, and o_proj's input
+    core       fused: h/t + 4a/t bytes         the output; the log-sum-exp in fp32
+               math:  a*s/t + 2(h - h_kv)/t    the probabilities [a, s] of each query; k and v
+                                               repeated to every head under grouped-query
+    mlp        4f/t                            gate, up, silu(gate) and down's input
+    head       (2h + 1) x 4 bytes + h  +  4V/t bytes [the final RMSNorm; log-softmax in fp32]
+
+With e = 4 the norms are s*b*(6h + 2)*e. Tensor parallelism splits everything inside the blocks
+and the vocabulary, not the norms. Sequence parallelism (sp) splits the norms' own 2h + 1 along
+the sequence too; the all-gathered input a column-parallel linear keeps stays whole (h) here
+(Megatron-LM gathers it again in backward instead, and keeps only its slice).
+
+Recomputation (Korthikanti et al., 2022), of the first k layers (k = 0: all; Megatron's
+--recompute-num-layers with the block method, per pipeline stage):
+
+    none       each layer keeps all of the above
+    selective  a recomputed layer drops its attention core's tensors (torch.utils.checkpoint
+               around the core keeps only its inputs q, k, v): the `core` term goes
+    full       a recomputed layer keeps only its input, h (h/t under sp)
+
+`activation_bytes` is what is kept at the end of the forward (what a census measures);
+`rebuilt_bytes` the transient extra while backward rebuilds one layer (full: the whole layer)
+or one core (selective: its dropped tensors). Their sum is the peak a device must hold.
+
+Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
+micro-batches of L/pp layers, the whole model's worth. Context parallelism (cp ranks share
+each sequence) cuts every term to s/cp tokens; the math core's probabilities still span all s
+keys. A caller passes a `plscale.predict.memory.Setup`.
+"""
+
+from typing import TYPE_CHECKING
+
+from plscale.errors import UserError, did_you_mean
+from plscale.predict.formats import FORMATS
+
+if TYPE_CHECKING:  # memory.py imports this module
+    from plscale.predict.memory import Setup
+
+STRATEGIES = ("none", "selective", "full")
+CORES = ("fused", "math")
+NORM_BYTES = 4  # RMSNorm's input, 1/rms and normalised input are fp32 whatever the precision
+
+
+def element_bytes(precision: str) -> int:
+    return FORMATS[precision].bits // 8
+
+
+def check_recompute(strategy, recompute_layers: int, layers: int | None,
+                    names: tuple[str, str] = ("recompute", "recompute_layers")) -> None:
+    """One line on a strategy that does not exist or a layer count the model lacks.
+    `names` are how the caller spells the two settings (a Setup's fields, or CLI flags)."""
+    what, count = names
+    if strategy not in STRATEGIES:
+        raise UserError(f"{what} {strategy!r}: use {', '.join(STRATEGIES)}.{did_you_mean(str(strategy), STRATEGIES)}")
+    if recompute_layers < 0:
+        raise UserError(f"{count} {recompute_layers}: give 0 (every layer) or the number of layers to recompute.")
+    if recompute_layers and strategy == "none":
+        raise UserError(f"{count} {recompute_layers} with {what} none: pick selective or full, or drop {count}.")
+    if layers is not None and recompute_layers > layers:
+        raise UserError(f"{count} {recompute_layers}: the model has {layers} layers; use 0 (every layer) "
+                        f"to {layers}.")
+
+
+def check_core(core: str, name: str = "attention") -> None:
+    if core not in CORES:
+        raise UserError(f"{name} {core!r}: use fused (PyTorch's flash kernel) or math (the probabilities "
+                        f"kept).{did_you_mean(core, CORES)}")
+
+
+def _tokens(s: "Setup") -> int:
+    return s.tokens * s.micro_batch
+
+
+def _norm(s: "Setup") -> float:
+    """One RMSNorm and the linear after it: (2h + 1) fp32 (a t-th under sp) + h elements."""
+    c, e = s.model, element_bytes(s.precision)
+    return _tokens(s) * ((2 * c.hidden + 1) * NORM_BYTES / (s.tp if s.sp else 1) + c.hidden * e)
+
+
+def layer_parts(s: "Setup") -> dict[str, float]:
+    """Bytes one decoder layer saves for backward without recomputation, by part (module doc)."""
+    c, e, t, sb = s.model, element_bytes(s.precision), s.tp, _tokens(s)
+    if c.attention == "math":
+        core = sb * (c.heads * s.seq + 2 * (c.hidden - c.kv_dim)) * e / t
+    else:
+        core = sb * c.hidden * e / t + 4 * c.heads * sb / t
+    return {"norms": 2 * _norm(s), "attention": sb * (2 * c.hidden + 2 * c.kv_dim) * e / t, "core": core,
+            "mlp": sb * 4 * c.ffn * e / t}
+
+
+def layer_activation_bytes(s: "Setup") -> float:
+    """Bytes one decoder layer saves for backward without recomputation."""
+    return sum(layer_parts(s).values())
+
+
+def layer_input_bytes(s: "Setup") -> float:
+    """A layer's input, s*b*h elements (a t-th of the sequence under sp): all full recomputation keeps."""
+    return _tokens(s) * s.model.hidden * element_bytes(s.precision) / (s.tp if s.sp else 1)
+
+
+def layer_kept_bytes(s: "Setup", recomputed: bool = True) -> float:
+    """Bytes one layer keeps at the end of the forward: all of them unless `recomputed` under
+    s.recompute; selective drops the core, full keeps only the input."""
+    if not recomputed or s.recompute == "none":
+        return layer_activation_bytes(s)
+    if s.recompute == "full":
+        return layer_input_bytes(s)
+    return layer_activation_bytes(s) - layer_parts(s)["core"]
+
+
+def layer_dropped_bytes(s: "Setup") -> float:
+    """Bytes a recomputed layer does not keep, rebuilt in backward: none 0, selective the core."""
+    return layer_activation_bytes(s) - layer_kept_bytes(s, recomputed=True)
+
+
+def head_activation_bytes(s: "Setup") -> float:
+    """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
+    return _norm(s) + 4 * _tokens(s) * s.model.vocab / s.tp
+
+
+def recomputed_layers(s: "Setup", layers: int | None = None) -> int:
+    """How many of `layers` (default: all) are recomputed: the first recompute_layers of them."""
+    layers = s.model.layers if layers is None else layers
+    if s.recompute == "none":
+        return 0
+    return min(s.recompute_layers, layers) if s.recompute_layers else layers
+
+
+def activation_bytes(s: "Setup", layers: int | None = None, head: bool = True) -> float:
+    """Bytes kept for backward at the end of the forward per micro-batch by `layers` decoder
+    layers (default: all) and, if `head`, the head: the whole model, or a pipeline stage's share."""
+    layers = s.model.layers if layers is None else layers
+    k = recomputed_layers(s, layers)
+    kept = k * layer_kept_bytes(s, recomputed=True) + (layers - k) * layer_activation_bytes(s)
+    return kept + (head_activation_bytes(s) if head else 0)
+
+
+def rebuilt_bytes(s: "Setup") -> float:
+    """The transient extra while backward rebuilds: one whole layer (full), one layer's dropped
+    core (selective), 0 (none, or no layer recomputed)."""
+    if not recomputed_layers(s):
+        return 0.0
+    return layer_activation_bytes(s) if s.recompute == "full" else layer_dropped_bytes(s)
+
+
+def activation_formula(s: "Setup") -> str:
+    """The activations term's formula as `plscale estimate memory` prints it (the peak)."""
+    c, t = s.model, "" if s.tp == 1 else "/t"
+    norms = "sb(4h+2)·4/t + 2sbhp" if s.sp else "sb(4h+2)·4 + 2sbhp"
+    core = "a·s·sbp + 2sb(h-h_kv)p" if c.attention == "math" else "sbhp + 4asb"
+    attention = f"sb(2h+2h_kv+4f)p{t}"
+    layer = f"{norms} + {attention} + [{core}]{t}"
+    k = recomputed_layers(s)
+    rest = f"(L-{k})·layer + " if k < c.layers else ""
+    n = "L" if k == c.layers else str(k)
+    if s.recompute == "none":
+        formula = f"L·[{layer}] + head"
+    elif s.recompute == "full":
+        kept = "sbhp/t" if s.sp else "sbhp"
+        formula = f"{n}·{kept} + {rest}one layer rebuilt [{layer}] + head"
+    else:
+        formula = f"{n}·[{norms} + {attention}] + {rest}one core rebuilt [{core}]{t} + head"
+    return formula.replace("sb", "(s/cp)b") if s.cp > 1 else formula  # each rank's s/cp tokens
