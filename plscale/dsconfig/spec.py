@@ -4,6 +4,16 @@ The batch triple is kept consistent: DeepSpeed requires
     train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * world size
 so the spec stores micro batch and accumulation, and writes train_batch_size only when
 the world size is known (DeepSpeed derives it otherwise).
+
+Precision, two ways for bf16 and fp16:
+    "bf16" / "fp16" sections   the weights and gradients in 16 bits, an fp32 master copy in the
+                               optimizer; fp16 with DeepSpeed's loss scaler (loss_scale 0: dynamic,
+                               from 2^initial_scale_power, halved on overflow, doubled after
+                               loss_scale_window clean steps; a number: static, 1 = none)
+    autocast: "torch_autocast" the weights, gradients and optimizer stay fp32; the ops autocast
+                               runs in 16 bits. fp16 at ZeRO 0 gets torch's GradScaler, which the
+                               JSON cannot configure (torch's defaults; plscale.rank.loss_scaling
+                               sets it from the spec's loss scaling after deepspeed.initialize)
 """
 
 from dataclasses import asdict, dataclass, fields
@@ -21,8 +31,12 @@ class DSSpec:
     offload_optimizer: bool = False      # optimizer states (and the step) on the CPU
     offload_param: bool = False          # parameters on the CPU (stage 3 only)
     precision: str = "fp32"              # fp32 | bf16 | fp16
-    loss_scale: float = 0.0              # fp16 only: 0 = dynamic loss scaling
+    autocast: bool = False               # bf16/fp16 as DeepSpeed's torch_autocast: fp32 weights, 16-bit ops
+    loss_scale: float = 0.0              # fp16 only: 0 = dynamic loss scaling; else static (1 = none)
     initial_scale_power: int = 16        # fp16 dynamic scaling starts at 2**this
+    loss_scale_window: int = 1000        # fp16: clean steps before the scale doubles
+    hysteresis: int = 2                  # fp16 (ZeRO 1-3): overflows before the scale halves
+    min_loss_scale: float = 1            # fp16: the scale never goes below it
     micro_batch: int = 8                 # samples per rank per forward/backward
     grad_accum: int = 1                  # micro-batches per optimizer step
     world_size: int = 0                  # 0 = unknown: train_batch_size left to DeepSpeed
@@ -58,6 +72,12 @@ class DSSpec:
 
     def validate(self) -> None:
         valid.require(self.stage, self.precision, self.offload_optimizer, self.offload_param)
+        if self.autocast and self.precision == "fp32":
+            raise UserError("autocast runs bf16 or fp16 ops on fp32 weights: set precision bf16 or fp16, "
+                            "or turn autocast off.")
+        if self.precision == "fp16":
+            valid.require_loss_scaling(self.loss_scale, self.initial_scale_power, self.loss_scale_window,
+                                       self.hysteresis, self.min_loss_scale)
         for name in ("micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
@@ -96,12 +116,15 @@ def build(spec: DSSpec) -> dict:
     config["optimizer"] = _optimizer(spec)
     if spec.scheduler:
         config["scheduler"] = _scheduler(spec)
-    if spec.precision == "bf16":
+    if spec.autocast:
+        config["torch_autocast"] = {"enabled": True, "dtype": valid.AUTOCAST_DTYPES[spec.precision]}
+    elif spec.precision == "bf16":
         config["bf16"] = {"enabled": True}
     elif spec.precision == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": spec.loss_scale,
                           "initial_scale_power": spec.initial_scale_power,
-                          "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+                          "loss_scale_window": spec.loss_scale_window, "hysteresis": spec.hysteresis,
+                          "min_loss_scale": spec.min_loss_scale}
     config["zero_optimization"] = _zero(spec)
     if spec.activation_checkpointing:
         config["activation_checkpointing"] = {"partition_activations": spec.stage == 3,

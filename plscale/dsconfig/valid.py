@@ -11,13 +11,22 @@ memory model (`Setup.validate`) raise the first as a UserError.
     parameter offload  stage 3 only: the parameters must be partitioned to be offloaded
 
 `zero_settings` reads the same four out of a DeepSpeed config dict, with the names the
-spec and the memory model use (stage, precision, offload_optimizer, offload_param).
+spec and the memory model use (stage, precision, offload_optimizer, offload_param). The
+precision is the weights': a "torch_autocast" config keeps fp32 weights (only the ops run in
+16 bits), so it reads fp32.
+
+fp16's loss scaling (DeepSpeed's fp16 section; `loss_scaling_problems`):
+    loss_scale           0 (dynamic), or a static scale of 1 (none) or more
+    initial_scale_power  dynamic scaling starts at 2^this: 0 or more (a scale below 1 shrinks
+                         the gradients, so more of them underflow)
+    loss_scale_window, hysteresis  whole numbers of at least 1;  min_loss_scale above 0
 """
 
 from plscale.errors import UserError
 
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}  # DeepSpeed's torch_autocast.dtype
 
 
 def problems(stage, precision: str = "fp32", offload_optimizer: bool = False,
@@ -44,12 +53,48 @@ def require(stage, precision: str = "fp32", offload_optimizer: bool = False, off
         raise UserError(found[0])
 
 
+def loss_scaling_problems(loss_scale, initial_scale_power, loss_scale_window=1000, hysteresis=2,
+                          min_loss_scale=1) -> list[str]:
+    """fp16's loss scaling, each problem one line: what is wrong and the fix."""
+    out, number = [], lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not number(loss_scale) or loss_scale < 0:
+        out.append(f"loss_scale {loss_scale!r}: use 0 (dynamic loss scaling) or a static scale of 1 (none) or more.")
+    elif 0 < loss_scale < 1:
+        out.append(f"loss_scale {loss_scale:g} is a static scale below 1: it shrinks the gradients, so more of them "
+                   f"underflow fp16; use 0 (dynamic), 1 (no scaling) or more.")
+    if not isinstance(initial_scale_power, int) or isinstance(initial_scale_power, bool):
+        out.append(f"initial_scale_power {initial_scale_power!r}: use a whole number, the power of 2 dynamic "
+                   f"scaling starts at (DeepSpeed's default 16).")
+    elif initial_scale_power < 0 and number(loss_scale) and loss_scale >= 1:
+        out.append(f"initial_scale_power {initial_scale_power} asks for a tiny starting scale (2^{initial_scale_power}) "
+                   f"while loss_scale {loss_scale:g} turns dynamic scaling off (a static scale; 1 = none): drop "
+                   f"initial_scale_power, or use loss_scale 0 with an initial_scale_power of 0 or more.")
+    elif initial_scale_power < 0:
+        out.append(f"initial_scale_power {initial_scale_power} starts the loss scale at 2^{initial_scale_power}, "
+                   f"below 1: it shrinks the gradients, so more of them underflow fp16; use 0 or more "
+                   f"(DeepSpeed's default 16).")
+    for name, value in (("loss_scale_window", loss_scale_window), ("hysteresis", hysteresis)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            out.append(f"{name} {value!r}: use a whole number of steps, 1 or more.")
+    if not number(min_loss_scale) or min_loss_scale <= 0:
+        out.append(f"min_loss_scale {min_loss_scale!r}: use a scale above 0 (DeepSpeed's default 1).")
+    return out
+
+
+def require_loss_scaling(*args, **kwargs) -> None:
+    """Raise the first loss-scaling problem as a UserError."""
+    found = loss_scaling_problems(*args, **kwargs)
+    if found:
+        raise UserError(found[0])
+
+
 def zero_settings(config: dict) -> dict:
-    """stage, precision, offload_optimizer and offload_param of a DeepSpeed config dict."""
+    """stage, precision (the weights'), offload_optimizer and offload_param of a DeepSpeed config dict."""
     zero = config.get("zero_optimization") or {}
     enabled = lambda key: bool((config.get(key) or {}).get("enabled"))  # noqa: E731
     return {"stage": zero.get("stage", 0),
-            "precision": "fp16" if enabled("fp16") else "bf16" if enabled("bf16") else "fp32",
+            "precision": "fp32" if enabled("torch_autocast") else  # ops in 16 bits, weights in fp32
+                         "fp16" if enabled("fp16") else "bf16" if enabled("bf16") else "fp32",
             "offload_optimizer": _offloaded(zero.get("offload_optimizer")),
             "offload_param": _offloaded(zero.get("offload_param"))}
 

@@ -1,0 +1,83 @@
+"""Charts of the mixed-precision lab (matplotlib, headless, imported only when drawing).
+
+    scaler_chart      the loss scale against step on a log2 axis, overflows (skipped steps)
+                      and growths marked: dynamic loss scaling's sawtooth
+    range_histograms  how many values sit at each power of two (log2 |x|), with each number
+                      format's range shaded: its normal range dark, its subnormals light;
+                      what falls left of a shade rounds to 0, right of it overflows
+"""
+
+import math
+from pathlib import Path
+
+COLORS = {"fp16": "C1", "bf16": "C2", "e4m3": "C3", "e5m2": "C0", "fp32": "C7"}
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def scaler_chart(path: Path, logs: dict, title: str) -> None:
+    """logs: label -> rows of the scaler's log (dicts: step, scale_before, scale_after,
+    overflow, skipped)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, rows) in enumerate(logs.items()):
+        if not rows:
+            continue
+        steps = [r["step"] for r in rows] + [rows[-1]["step"] + 1]
+        scales = [math.log2(r["scale_before"]) for r in rows] + [math.log2(rows[-1]["scale_after"])]
+        (line,) = ax.step(steps, scales, where="post", label=f"{label}: loss scale", linewidth=1.5, color=f"C{i}")
+        over = [r for r in rows if r["overflow"]]
+        ax.plot([r["step"] for r in over], [math.log2(r["scale_before"]) for r in over], "x", color="C3",
+                markersize=8, mew=2, label=f"{label}: overflow, step skipped ({len(over)})")
+        grew = [r for r in rows if r["scale_after"] > r["scale_before"]]
+        ax.plot([r["step"] + 1 for r in grew], [math.log2(r["scale_after"]) for r in grew], "^",
+                color=line.get_color(), label=f"{label}: doubled after a clean window ({len(grew)})")
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel("log2 (loss scale)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def range_histograms(path: Path, panels: dict, formats: list, title: str, colors: dict | None = None) -> None:
+    """panels: panel title -> {curve label: histogram} (plscale.rank.taps.log2_histogram:
+    edges, counts, zeros); formats: plscale.predict.formats.Format, each shaded in every panel;
+    colors: curve label -> colour (default: the first black, the others dashed)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels) + 0.6), squeeze=False)
+    for ax, (name, curves) in zip(axes[:, 0], panels.items()):
+        for k, fmt in enumerate(formats):
+            color = COLORS.get(fmt.name, f"C{k + 4}")
+            lo, mid, hi = (math.log2(v) for v in (fmt.min_subnormal, fmt.min_normal, fmt.max))
+            ax.axvspan(lo, mid, color=color, alpha=0.08)
+            ax.axvspan(mid, hi, color=color, alpha=0.18,
+                       label=f"{fmt.name}: 2^{lo:.0f} .. {fmt.max:.5g} (light: subnormal)")
+        for j, (label, hist) in enumerate(curves.items()):
+            edges, counts = hist["edges"], hist["counts"]
+            total = sum(counts) + hist["zeros"]
+            share = [100 * c / max(total, 1) for c in counts]
+            zeros = f", {100 * hist['zeros'] / max(total, 1):.2g}% exactly 0" if hist["zeros"] else ""
+            color = (colors or {}).get(label, "k" if j == 0 else f"C{j + 5}")
+            ax.stairs(share, edges, label=f"{label}{zeros}", linewidth=1.5, color=color, linestyle="-" if j == 0 else "--")
+        first = next(iter(curves.values()))
+        ax.set_xlim(first["edges"][0], first["edges"][-1])  # the values' span, not the widest format's
+        ax.set_title(name, fontsize=10)
+        ax.set_ylabel("% of values")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    axes[-1, 0].set_xlabel("log2 |value|")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
