@@ -1,0 +1,244 @@
+"""Lab 09, mixed precision: fp32, bf16 and fp16 side by side through DeepSpeed's config.
+
+Training in 16 bits halves the bytes of each weight, gradient and activation (p = 2, not 4),
+while the optimizer keeps an fp32 master copy of the weights (4 bytes) and Adam's moments (8),
+because a 16-bit weight cannot take an update 1000 times smaller than itself. The two 16-bit
+formats split their bits differently (plscale estimate precision):
+
+    bf16  8 exponent bits, 7 mantissa   fp32's range, 2-3 significant digits: no loss scaling
+    fp16  5 exponent bits, 10 mantissa  3 digits, but nothing below 2^-24 or above 65504: small
+                                        gradients underflow to 0, so the loss is scaled up by S
+                                        before backward; an inf means S was too large: skip
+                                        the step, halve S; after a window of clean steps, double S
+
+Each run trains the same model from the same weights on the same batches: fp32, bf16 (DeepSpeed's
+bf16 section), fp16 with dynamic loss scaling started high enough to overflow (the scaler's
+sawtooth), and fp16 with none. Memory per rank is counted by role (the tensor census) beside
+the memory model; the loss curves, the scaler's log, and where fp16 puts real gradients,
+scaled and not, beside where formats.py says they fall. Where DeepSpeed refuses fp16 (a CPU
+without fp16 kernels), fp16 runs as DeepSpeed's torch_autocast: fp32 weights, fp16 ops,
+torch's GradScaler; so it does at ZeRO 0, where DeepSpeed 0.19's fp16 section does not
+scale the loss (plscale/rank/loss_scaling.py says which path runs, and why).
+
+    plscale lab run precision --gpus 2          (the fp16 variant: the scaler's run alone)
+    deepspeed --num_gpus 2 labs/09_recompute_precision/precision.py --variant precision
+        (DS_ACCELERATOR=cpu without GPUs; PLSCALE_DATA_DIR=path/to/wikitext-2 for the real data)
+"""
+
+import contextlib
+import copy
+import math
+from dataclasses import asdict, replace
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+from plscale import plots
+from plscale import precision_charts as charts
+from plscale.dsconfig.spec import DSSpec, build
+from plscale.files import write_json
+from plscale.predict import memory
+from plscale.predict.formats import FORMATS
+from plscale.predict.memory import LABELS, MODEL_STATES
+from plscale.predict.presets import param_count, preset
+from plscale.rank import loss_scaling, runtime, taps
+from plscale.rank.census import census, saved_activations, zero_states
+from plscale.rank.data import wikitext
+from plscale.rank.metrics import figure
+from plscale.rank.models.llama import Llama
+
+MiB = 2**20
+ctx = runtime.start(__file__)
+S, dev, N = ctx.settings, ctx.device, ctx.world_size
+runs, steps, seq, seed, tol = S["precision"]["runs"], S["train"]["steps"], S["model"]["seq"], S["seed"], \
+    S["memory"]["tolerance"]
+FP16 = FORMATS["fp16"]
+
+# ---- The formats, from their bits (plscale/predict/formats.py) -------------------------------
+ctx.log(f"{'format':8}{'largest':>12}{'smallest normal':>17}{'smallest':>11}{'rounding error':>16}{'binades':>9}")
+for f in (FORMATS[name] for name in ("fp32", "bf16", "fp16")):
+    ctx.log(f"{f.name:8}{f.max:12.4g}{f.min_normal:17.3g}{f.min_subnormal:11.3g}{f.rounding_error:16.2g}{f.binades:9.0f}")
+native, why = loss_scaling.fp16_path(S["ds"]["stage"])
+if any(run.startswith("fp16") for run in runs):
+    ctx.log(f"fp16 here: {why}")
+
+# ---- Data and model: the same batches and the same initial weights for every run -------------
+corpus = wikitext.load_text()
+tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
+config = replace(preset(S["model"]["preset"]), attention=S["model"]["attention"]).with_vocab(tokens.vocab)
+micro, accum = S["ds"]["micro_batch"], S["ds"]["grad_accum"]
+shards = wikitext.Shards(wikitext.pack(tokens.train, seq), micro, accum, ctx.rank, N, seed)
+torch.manual_seed(seed)
+initial = copy.deepcopy(Llama(config).state_dict())
+ctx.log(f"data: {corpus.source}\nmodel: '{S['model']['preset']}', Ψ = {param_count(config):,} parameters, seq {seq}, "
+        f"micro batch {micro} on {N} ranks, ZeRO-{S['ds']['stage']}")
+
+
+def spec_of(run: str) -> DSSpec:
+    """The run's DeepSpeed settings: the lab's ds section, its precision, fp16's loss scaling."""
+    precision = run.removesuffix("-unscaled")
+    scaling = {**S["fp16"], **({"loss_scale": 1} if run == "fp16-unscaled" else {})} if precision == "fp16" else {}
+    return DSSpec.from_dict({**S["ds"], "precision": precision, "autocast": precision == "fp16" and not native,
+                             **scaling, "world_size": N})
+
+
+# ---- Training, one precision after another ---------------------------------------------------
+results = {}
+for run in runs:
+    spec = spec_of(run)
+    ds = build(spec)
+    if ctx.is_main:
+        write_json(ctx.run_dir / f"ds_config.{run}.json", ds)
+    model = Llama(config)
+    model.load_state_dict(initial)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    loss_scaling.configure(engine, spec)      # the autocast path: a GradScaler as fp16's settings say
+    log = loss_scaling.ScalerLog(engine)
+    losses = []
+    for step in range(steps):
+        total = torch.zeros((), dtype=torch.float64, device=dev)
+        for i, block in enumerate(shards.step(step)):
+            block, counting = block.to(dev), step == steps - 1 and i == 0  # the census: the last step
+            with saved_activations() if counting else contextlib.nullcontext() as acts:
+                loss = engine(block[:, :-1], block[:, 1:])
+            engine.backward(loss)
+            if counting:  # gradients live; the optimizer's states exist once it has stepped
+                measured = census(zero_states(engine)) | {"activations": acts.bytes}
+                stepped = log.updates > 0
+            with log.step(step):
+                engine.step()
+            total += loss.detach().double()
+        dist.all_reduce(total)
+        losses.append(total.item() / (N * accum))
+        ctx.metrics.step(run=run, step=step, loss=losses[-1], loss_scale=log.rows[-1].scale_before)
+        ctx.metrics.progress(run, step + 1, steps, f"loss {losses[-1]:.4f}, scale {log.rows[-1].scale_before:g}")
+    everyone = [None] * N
+    dist.all_gather_object(everyone, measured)
+    results[run] = {"spec": spec, "losses": losses, "log": log, "measured": everyone, "stepped": stepped,
+                    "prediction": memory.estimate(memory.setup_from_ds_config(ds, N, config, seq))}
+    del engine, model
+
+# ---- Memory per rank by role, against the memory model ----------------------------------------
+figures, memory_rows = [], {}
+SHORT = {"parameters": "params", "gradients": "grads", "master": "master", "moments": "moments", "activations": "acts"}
+ctx.log("\nmemory per rank, MiB (census after the last step's backward), measured (largest rank) / predicted")
+ctx.log(f"  {'':15}" + "".join(f"{LABELS[t]:>24}" for t in SHORT))
+for run, r in results.items():
+    predicted = {t.name: t.total for t in r["prediction"].terms}
+    got = {t: max(m[t] for m in r["measured"]) for t in SHORT}
+    autocast = r["spec"].autocast  # 16-bit ops on fp32 weights: activations of mixed widths
+    if autocast:
+        predicted["activations"] = None
+    ctx.log(f"  {run:15}" + "".join(f"{got[t] / MiB:13.2f} / " + (f"{predicted[t] / MiB:<8.2f}" if predicted[t]
+                                    is not None else f"{'-':<8}") for t in got))
+    states, want = sum(got[t] for t in MODEL_STATES), sum(predicted[t] for t in MODEL_STATES)
+    if r["stepped"]:
+        ctx.check(f"{run}: model states match the memory model", abs(states - want) <= tol * want,
+                  f"{states / MiB:.3f} MiB measured, {want / MiB:.3f} predicted ({r['prediction'].setup.precision} "
+                  f"weights; tolerance {100 * tol:g}%)")
+    else:
+        ctx.log(f"  [--] {run}: every step so far overflowed and was skipped: Adam's moments do not exist yet")
+    if predicted["activations"] is not None:
+        off = abs(got["activations"] - predicted["activations"]) / predicted["activations"]
+        ctx.check(f"{run}: activations match the memory model", off <= tol,
+                  f"off by {100 * off:.2f}% (tolerance {100 * tol:g}%)")
+    figures += [figure(f"{run}: model states per rank", round(states / MiB, 3), "MiB", round(want / MiB, 3),
+                       "" if r["stepped"] else "no optimizer step yet: moments absent"),
+                figure(f"{run}: activations per rank", round(got["activations"] / MiB, 3), "MiB",
+                       None if autocast else round(predicted["activations"] / MiB, 3),
+                       "autocast: fp32 activations beside fp16 copies, not predicted" if autocast else "")]
+    memory_rows[run] = {t: {"measured_bytes": got[t], "predicted_bytes": predicted[t]} for t in got}
+if any(r["spec"].autocast for r in results.values()):
+    ctx.log("  under autocast the weights, gradients and optimizer stay fp32 (predicted as fp32). Its activations "
+            "are not predicted:\n  the norms, softmax and loss keep fp32 tensors, each linear keeps an fp16 copy "
+            "of its input, and the memory model knows one width per activation")
+
+# ---- fp16's loss scaler: overflow, back-off, growth --------------------------------------------
+window, logs = S["fp16"]["loss_scale_window"], {}
+for run, r in results.items():
+    if r["spec"].precision != "fp16" or r["spec"].loss_scale == 1:
+        continue
+    log, summary = r["log"], r["log"].summary()
+    logs[run] = log.to_list()
+    ctx.log(f"\n{run}: the loss scaler's log ({'DeepSpeed fp16 optimizer' if native else 'torch GradScaler'}, "
+            f"window {window})")
+    for line in loss_scaling.describe(log.rows):
+        ctx.log("  " + line)
+    ctx.log(f"  an overflow: the scaled gradients passed fp16's largest, {FP16.max:g}, and became inf; the step is "
+            f"skipped and the scale halves.\n  After {window} clean step{'s' * (window > 1)} it doubles to look for more room, "
+            f"overflows again, halves: the sawtooth (loss_scale.png)")
+    broken = log.broken_rule(window, S["fp16"]["hysteresis"])
+    ctx.check(f"{run}: the scale follows dynamic loss scaling", not broken,
+              f"{summary['overflows']} overflows, each skipped and halved; {summary['growths']} doublings after "
+              f"{window} clean step{'s' * (window > 1)}" if not broken else "; ".join(broken[:3]))
+    figures += [figure(f"{run}: overflows (steps skipped)", summary["overflows"], "steps", None,
+                       f"skipped {summary['skipped']} of {summary['steps']}"),
+                figure(f"{run}: loss scale, final", summary["final_scale"], "", None,
+                       "2^{:g}; between 2^{:g} and 2^{:g}".format(*(math.log2(summary[k]) for k in
+                                                                   ("final_scale", "smallest_scale", "largest_scale"))))]
+
+# ---- Where fp16 puts real gradients: one batch, the initial weights ----------------------------
+# The gradients at every linear's output (dL/dy) in fp32, then under fp16 autocast unscaled and
+# scaled by the largest scale the fp16 run stepped with. Predicted: each fp32 gradient x S against fp16's range.
+clean = [row["scale_before"] for rows in logs.values() for row in rows if not row["overflow"]]
+scale = max(clean) if clean else 2.0 ** S["fp16"]["initial_scale_power"]  # the largest that ran clean
+underflow = {}
+if ctx.is_main and any(r.startswith("fp16") for r in runs):
+    probe = Llama(config).to(dev)
+    probe.load_state_dict(initial)
+    block = shards.step(0)[0].to(dev)
+    _, grads32 = taps.capture(probe, block[:, :-1], block[:, 1:])
+    ctx.log("\nfp16 and the gradients at the linears' outputs (rank 0, step 0's batch, the initial weights), as "
+            "fractions of those non-zero in fp32: measured in fp16 / predicted from fp32 x S and fp16's range")
+    ctx.log(f"  {'':22}{'flushed to 0':>20}{'subnormal (< 2^-14)':>24}{'overflowed':>18}")
+    for label, s in (("no scaling, S = 1", 1.0), (f"scaled, S = 2^{math.log2(scale):g}", scale)):
+        _, grads16 = taps.capture(probe, block[:, :-1], block[:, 1:], torch.float16, s)
+        got, want = loss_scaling.measured_underflow(grads32, grads16), loss_scaling.predicted_underflow(grads32, s)
+        underflow[label] = {"scale": s, "measured": asdict(got), "predicted": asdict(want)}
+        ctx.log(f"  {label:22}" + "".join(f"{100 * getattr(got, k):11.3f}% / {100 * getattr(want, k):.3f}%"
+                                          for k in ("flushed", "subnormal", "overflowed")))
+        figures += [figure(f"gradients flushed to 0 in fp16, {label}", round(100 * got.flushed, 4), "%",
+                           round(100 * want.flushed, 4), f"of {got.entries:,} non-zero in fp32"),
+                    figure(f"gradients subnormal in fp16, {label}", round(100 * got.subnormal, 3), "%",
+                           round(100 * want.subnormal, 3), "fewer significant bits")]
+    unscaled, scaled = (underflow[k]["measured"] for k in underflow)
+    ctx.check("loss scaling keeps small gradients in fp16's range",
+              unscaled["flushed"] + unscaled["subnormal"] > scaled["flushed"] + scaled["subnormal"],
+              f"flushed or subnormal: {100 * (unscaled['flushed'] + unscaled['subnormal']):.2f}% unscaled, "
+              f"{100 * (scaled['flushed'] + scaled['subnormal']):.2f}% at S = 2^{math.log2(scale):g}")
+    worst = max(abs(u["measured"][k] - u["predicted"][k]) for u in underflow.values() for k in ("flushed", "subnormal"))
+    ctx.check("fp16's range predicts where the gradients fall", worst <= S["precision"]["underflow_tolerance"],
+              f"largest gap {100 * worst:.3f} points (tolerance {100 * S['precision']['underflow_tolerance']:g}; the "
+              f"fp16 forward moves the gradients a little)")
+    charts.range_histograms(ctx.run_dir / "underflow.png", {
+        "gradients at the linears' outputs (fp32), and times the loss scale": {
+            "x 1": taps.log2_histogram(grads32.values()),
+            f"x S = 2^{math.log2(scale):g}": taps.log2_histogram(g * scale for g in grads32.values())}},
+        [FP16, FORMATS["bf16"]], "fp16 needs the scale; bf16 keeps fp32's range")
+
+# ---- The loss curves, side by side -------------------------------------------------------------
+if ctx.is_main:
+    skipped = {run: r["log"].summary()["skipped"] for run, r in results.items()}
+    ctx.log("\nloss, first -> last step: " + "; ".join(
+        f"{run} {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}" + (f" ({skipped[run]} steps skipped)" if skipped[run]
+                                                                  else "") for run, r in results.items()))
+    ctx.log("  a skipped step (an overflow) does not move the weights: fp16 with scaling trails by its skipped steps."
+            + ("\n  How far unscaled fp16 falls behind depends on how many gradients it loses (the table above): a "
+               "flushed gradient teaches nothing, a subnormal one keeps fewer bits" if "fp16-unscaled" in runs else ""))
+    plots.line_plot(ctx.run_dir / "losses.png", {run: (list(range(steps)), r["losses"]) for run, r in results.items()},
+                    f"loss by precision, the same weights and batches ('{S['model']['preset']}', seq {seq})",
+                    styles={"fp32": "C0-", "bf16": "C1-", "fp16": "C2-", "fp16-unscaled": "C3--"})
+    if logs:
+        charts.scaler_chart(ctx.run_dir / "loss_scale.png", logs, "fp16's dynamic loss scale")
+    plots.measured_vs_predicted(ctx.run_dir / "memory.png", {
+        run: {SHORT[t]: (v["measured_bytes"] / MiB, None if v["predicted_bytes"] is None
+                                    else v["predicted_bytes"] / MiB) for t, v in rows.items()}
+        for run, rows in memory_rows.items()}, f"memory per rank by role ({N} ranks, ZeRO-{S['ds']['stage']})")
+    figures += [figure(f"{run}: final loss", round(r["losses"][-1], 4), "nats") for run, r in results.items()]
+    ctx.log("losses.png: the curves; memory.png: memory by role; loss_scale.png: fp16's scale; underflow.png: "
+            "gradients against fp16's range")
+ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, runs=runs,
+           fp16_path="deepspeed fp16" if native else "torch_autocast", memory=memory_rows,
+           losses={run: r["losses"] for run, r in results.items()}, scaler=logs, underflow=underflow,
+           params=param_count(config))

@@ -1,0 +1,79 @@
+"""Lab 09's precision variants end to end through the real CLI on 2 CPU ranks: fp32, bf16 and fp16
+(scaled, and not) side by side with memory by role against the memory model and the loss
+scaler's back-off; fp8 casts of real tensors; bad input refused in one line before launch."""
+
+import json
+
+import pytest
+
+from conftest import figures, load_summary
+
+TINY = ["--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32"]
+
+
+def run_lab(cli, variant: str, *extra) -> tuple[dict, object]:
+    out = cli("lab", "run", variant, *TINY, *extra)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = max(p for p in cli.runs.iterdir() if p.name.endswith(f"recompute-{variant}"))
+    return load_summary(run_dir), run_dir
+
+
+@pytest.mark.e2e
+def test_precisions_side_by_side(cli):
+    # 2^22 overflows the first steps on tiny; window 1: the scale doubles after every clean step
+    s, run_dir = run_lab(cli, "precision", "--steps", "5", "--set", "fp16.initial_scale_power=22",
+                         "--set", "fp16.loss_scale_window=1")
+    assert s["passed"], s["checks"]
+    names = {c["name"] for c in s["checks"]}
+    for run in ("fp32", "bf16", "fp16", "fp16-unscaled"):
+        assert f"{run}: model states match the memory model" in names, names
+    assert {"fp32: activations match the memory model", "bf16: activations match the memory model",
+            "fp16: the scale follows dynamic loss scaling", "loss scaling keeps small gradients in fp16's range"} <= names
+    memory, f = s["memory"], figures(s)
+    for run in ("fp32", "bf16", "fp16"):  # exact bytes; Adam also keeps a 4-byte step count per tensor (20 in tiny)
+        got = {t: v["measured_bytes"] - v["predicted_bytes"] for t, v in memory[run].items() if t != "activations"}
+        assert got == {"parameters": 0, "gradients": 0, "master": 0, "moments": 4 * 20}, (run, got)
+    assert memory["bf16"]["parameters"]["measured_bytes"] * 2 == memory["fp32"]["parameters"]["measured_bytes"]
+    assert memory["bf16"]["master"]["measured_bytes"] == memory["fp32"]["parameters"]["measured_bytes"]
+    assert memory["fp32"]["master"]["measured_bytes"] == 0  # fp32 at ZeRO 0: Adam steps the weights
+    assert f["fp16: activations per rank"]["predicted"] is None  # autocast: not predicted, said so
+    log = s["scaler"]["fp16"]
+    assert log[0]["overflow"] and log[0]["skipped"] and log[0]["scale_after"] == 2.0 ** 21
+    assert any(not r["overflow"] for r in log) and any(r["scale_after"] > r["scale_before"] for r in log)
+    none, scaled = s["underflow"].values()
+    assert none["measured"]["subnormal"] > 0.5 and scaled["measured"]["subnormal"] < 0.01
+    assert s["fp16_path"] == "torch_autocast"
+    assert "torch_autocast" in json.loads((run_dir / "ds_config.fp16.json").read_text())
+    assert "bf16" in json.loads((run_dir / "ds_config.bf16.json").read_text())
+    for chart in ("losses.png", "memory.png", "loss_scale.png", "underflow.png"):
+        assert (run_dir / chart).stat().st_size > 10_000, chart
+
+
+@pytest.mark.e2e
+def test_fp8_casts_of_real_tensors(cli):
+    s, run_dir = run_lab(cli, "fp8", "--steps", "2")
+    assert s["passed"], s["checks"]
+    casts = s["casts"]
+    assert casts["gradients, e4m3, none"]["flushed"] > 0.9  # gradients sit below e4m3's 2^-9
+    for name, cast in casts.items():
+        assert cast["flushed"] == cast["flushed_predicted"] and cast["clipped"] == cast["clipped_predicted"], name
+    assert casts["gradients, e4m3, per-tensor"]["flushed"] < 0.01 and casts["gradients, e5m2, per-tensor"]["error"] < 0.125
+    assert (run_dir / "fp8.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["precision", "--set", "precision.runs=[fp32,fp8]"], "precision.runs: unknown precision 'fp8'"),
+    (["precision", "--set", "fp16.loss_scale=1", "--set", "fp16.initial_scale_power=-8"],
+     "while loss_scale 1 turns dynamic scaling off"),
+    (["fp16", "--set", "fp16.initial_scale_power=-3"], "starts the loss scale at 2^-3, below 1"),
+    (["fp16", "--set", "fp16.loss_scale=128"], "which has no static scale"),
+    (["precision", "--set", "ds.stage=2"], "whose loss scale works at ZeRO 0 only"),
+    (["fp8", "--set", "fp8.formats=[e3m4]"], "fp8.formats: No number format 'e3m4'"),
+    (["precision", "--set", "ds.precision=fp64"], "Precision 'fp64' is not one of fp32, bf16, fp16"),
+])
+def test_bad_input_is_refused_before_launch(cli, args, message):
+    out = cli("lab", "run", *args, "--cpu")
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stderr + out.stdout
+    assert message in text and len(text.strip().splitlines()) == 1, text
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())

@@ -1,0 +1,53 @@
+"""Lab 09's recomputation study end to end through the real CLI on 2 CPU ranks: none, selective,
+full and DeepSpeed's checkpointing train to the same losses, each keeps the activations the
+memory model predicts, only the recomputed regions run again in backward, and the charts are
+drawn. Bad input is refused in one line before launch."""
+
+import pytest
+
+from conftest import figures, load_summary, only_run
+
+SMALL = ["--cpu", "--gpus", "2", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32"]
+STRATEGIES = ["none", "selective", "full", "deepspeed"]
+
+
+@pytest.mark.e2e
+def test_strategies_keep_what_is_predicted_and_train_alike(cli):
+    out = cli("lab", "run", "recompute", *SMALL)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = only_run(cli.runs)
+    s = load_summary(run_dir)
+    assert s["passed"], s["checks"]
+    names = {c["name"] for c in s["checks"]}
+    assert {f"{x}: activations kept as predicted" for x in STRATEGIES} <= names
+    assert {f"{x}: losses equal none's" for x in STRATEGIES[1:]} <= names
+    for x in STRATEGIES[1:]:
+        assert s["losses"][x] == s["losses"]["none"], x          # exactly, step by step
+    kept = {x: figures(s)[f"{x}: activations kept per rank (max)"] for x in STRATEGIES}
+    for x, f in kept.items():
+        assert abs(f["value"] - f["predicted"]) / f["predicted"] <= 0.05, (x, f)
+    assert kept["full"]["value"] < kept["selective"]["value"] < kept["none"]["value"]
+    assert s["kept"]["none"][0] == s["kept"]["none"][1]            # every rank measured, the same model
+    assert s["reran"] == {"none": [], "selective": ["core 0", "core 1"],
+                          "full": ["core 0", "core 1", "layer 0", "layer 1"],
+                          "deepspeed": ["core 0", "core 1", "layer 0", "layer 1"]}
+    ratio = figures(s)["full: step time / no recomputation's"]
+    assert ratio["predicted"] > 1 and ratio["value"] > 0           # printed beside its prediction, not checked
+    for chart in ("memory_over_step.png", "layers.png", "loss.png"):
+        assert (run_dir / chart).stat().st_size > 10_000, chart
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["recompute.strategies=[none,partial]"], "recompute.strategies: unknown strategy 'partial'."),
+    (["recompute.layers=9"], "recompute.layers 9: preset tiny has 2 layers"),
+    (["recompute.layers=-1"], "recompute.layers -1: preset tiny has 2 layers"),
+    (["recompute.strategies=[]"], "recompute.strategies []: give a list of strategies"),
+    (["recompute.strategies=full"], "recompute.strategies 'full': give a list of strategies"),
+])
+def test_bad_input_is_refused_before_launch(cli, sets, message):
+    out = cli("lab", "run", "recompute", *SMALL, *[a for s in sets for a in ("--set", s)])
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = out.stderr + out.stdout
+    assert message in text, text
+    assert "Traceback" not in text and len([line for line in out.stderr.splitlines() if line.strip()]) == 1, text
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
