@@ -1,15 +1,16 @@
-"""Recomputation and precision predictions: the activations each strategy keeps against the
-allocator's history of a real forward, the FLOPs it costs, `plscale estimate memory --recompute`
-and `plscale estimate precision` against torch.finfo."""
+"""Recomputation and precision predictions: the activations each strategy keeps, and what the
+backward's recomputation holds when its rerun ends, against the allocator's history of a real
+step; the FLOPs it costs, `plscale estimate memory --recompute` and `plscale estimate precision`
+against torch.finfo."""
 
-import gc
 import json
+import socket
 from dataclasses import replace
+from functools import cache
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
-from torch.utils.checkpoint import checkpoint
+import torch.distributed as dist
 
 from conftest import run_cli
 from plscale.errors import UserError
@@ -19,62 +20,114 @@ from plscale.predict.activations import (activation_bytes, head_activation_bytes
 from plscale.predict.formats import FORMATS
 from plscale.predict.memory import Setup, estimate
 from plscale.predict.presets import PRESETS, flops_per_token, layer_params
+from plscale.rank import allocations, recompute
 from plscale.rank.models.llama import Llama
 
 TINY = PRESETS["tiny"]                      # h 128, a 4, L 2, f 384, V 2048
 TINY_GQA = replace(TINY, kv_heads=2)        # h_kv 64: the math core repeats k and v to every head
 SEQ, BATCH = 32, 2
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CPU = torch.device("cpu")
+# What the math core's rerun holds beyond rebuilt_bytes, in every case: its scale d^-0.5, a 0-dim
+# fp64 tensor `q * scale` saves for backward (the forward's census leaves it out too)
+SCALE = 8
 
 
-# ---- activations kept at the end of the forward, measured ----------------------------------------
+# ---- one recorded step: kept at the end of the forward, held at the end of each rerun ------------
 
-def with_recomputation(model: Llama, strategy: str) -> Llama:
-    """torch.utils.checkpoint around each layer (full) or each attention core (selective). No RNG
-    state is kept (no dropout here): by default each checkpoint also holds the CPU generator's 5 KB."""
-    for layer in model.layers:
-        if strategy == "full":
-            layer.forward = lambda x, cos, sin, f=layer.forward: checkpoint(
-                f, x, cos, sin, use_reentrant=False, preserve_rng_state=False)
-        elif strategy == "selective":
-            layer.self_attn.attend = lambda q, k, v, f=layer.self_attn.attend: checkpoint(
-                f, q, k, v, use_reentrant=False, preserve_rng_state=False)
-    return model
+def setup_of(config, strategy: str, precision: str) -> Setup:
+    """DeepSpeed's checkpointing is predicted as full recomputation (module doc of activations)."""
+    return Setup(params=1, model=config, seq=SEQ, micro_batch=BATCH, precision=precision,
+                 recompute="full" if strategy == "deepspeed" else strategy)
 
 
-def forward_kept_bytes(model: Llama, tokens: torch.Tensor) -> int:
-    """Bytes allocated during the forward and still held at its end (the allocator's history:
-    torch.utils.checkpoint keeps its inputs where no saved-tensors hook sees them)."""
-    gc.collect()  # a previous model's reference cycles must not be freed inside the forward
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with record_function("phase:forward"):
+@cache
+def measured(config, strategy: str, precision: str) -> tuple[int, tuple[int, ...]]:
+    """One forward and backward of a Llama under plscale.rank.recompute, as the lab runs it:
+    the bytes the forward allocated and still held at its end (torch.utils.checkpoint keeps its
+    inputs where no saved-tensors hook sees them), and per layer what its rerun inside the backward
+    allocated and still held when it ended (plscale.rank.recompute.measured_layers)."""
+    torch.manual_seed(0)
+    ds = {"train_micro_batch_size_per_gpu": BATCH, "activation_checkpointing": {
+        "partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False}}
+    model = recompute.apply(Llama(config).to(DTYPES[precision]), strategy, ds_config=ds)
+    tokens = torch.randint(0, config.vocab, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
+    with allocations.record(CPU) as rec:
+        with allocations.phase("forward"):
             loss = model(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-    events = prof.profiler.kineto_results.events()
-    start, end = next((e.start_ns(), e.end_ns()) for e in events if e.name() == "phase:forward")
-    return sum(e.nbytes() for e in events if e.name() == "[memory]" and start <= e.start_ns() <= end)
+        with allocations.phase("backward"):
+            loss.backward()
+    rows = recompute.measured_layers(rec.history, config.layers)
+    assert [r["recomputed"] for r in rows] == [{"none": None, "selective": "core"}.get(strategy, "layer")] * len(rows)
+    return rec.history.kept(), tuple(r["rebuilt"] for r in rows)
 
 
 CASES = [(TINY, core, strategy, precision) for precision in DTYPES for core in ("fused", "math")
          for strategy in ("none", "selective", "full")]
 CASES += [(TINY_GQA, core, strategy, "fp32") for core in ("fused", "math") for strategy in ("none", "selective", "full")]
+IDS = [f"{'gqa-' if c.kv_heads < c.heads else ''}{a}-{s}-{p}" for c, a, s, p in CASES]
+SMALL_GQA = replace(PRESETS["small"], kv_heads=2)  # h 256, a 4, h_kv 128, f 704, L 4: the lab's shape
+SHAPES = [(SMALL_GQA, "math", "selective", "bf16"), (SMALL_GQA, "fused", "full", "bf16"),
+          (SMALL_GQA, "math", "full", "fp32")]
 
 
-@pytest.mark.parametrize("config,core,strategy,precision", CASES,
-                         ids=[f"{'gqa-' if c.kv_heads < c.heads else ''}{a}-{s}-{p}" for c, a, s, p in CASES])
+@pytest.mark.parametrize("config,core,strategy,precision", CASES, ids=IDS)
 def test_kept_activations_match_the_allocator_to_the_rope_tables(config, core, strategy, precision):
     """Measured minus predicted is the same few KiB for every strategy: RoPE's cos and sin
     (s x d/2 fp32 each), the targets' copy and the loss; every activation byte is predicted."""
     config = replace(config, attention=core)
-    torch.manual_seed(0)
-    model = with_recomputation(Llama(config).to(DTYPES[precision]), strategy)
-    tokens = torch.randint(0, config.vocab, (BATCH, SEQ + 1))
-    measured = forward_kept_bytes(model, tokens)
-    predicted = activation_bytes(Setup(params=1, model=config, seq=SEQ, micro_batch=BATCH, precision=precision,
-                                       recompute=strategy))
+    kept, _ = measured(config, strategy, precision)
+    predicted = activation_bytes(setup_of(config, strategy, precision))
     rope, targets = 2 * SEQ * config.head_dim // 2 * 4, BATCH * SEQ * 8
-    assert rope + targets <= measured - predicted <= rope + targets + 32
-    assert measured - predicted < 0.01 * predicted
+    assert rope + targets <= kept - predicted <= rope + targets + 32
+    assert kept - predicted < 0.01 * predicted
+
+
+@pytest.mark.parametrize("config,core,strategy,precision", CASES + SHAPES,
+                         ids=IDS + [f"small-gqa-{a}-{s}-{p}" for _, a, s, p in SHAPES])
+def test_rebuilt_matches_what_each_rerun_holds_at_its_end(config, core, strategy, precision):
+    """Every recomputed layer's rerun holds rebuilt_bytes exactly, but for the math core's scale:
+    selective the core's (fused: output and log-sum-exp; math: probabilities, scaled q, v and, under
+    GQA, k copies, the causal mask), full the layer's saved tensors less its input (fp32) or plus
+    the residual its frame still names (bf16)."""
+    config = replace(config, attention=core)
+    _, rebuilt = measured(config, strategy, precision)
+    extra = SCALE if core == "math" and strategy != "none" else 0
+    assert [held - rebuilt_bytes(setup_of(config, strategy, precision)) for held in rebuilt] == [extra] * config.layers
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """A 1-rank gloo group in this process, for deepspeed.checkpointing.configure (it asks the rank)."""
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import deepspeed
+
+    from plscale.rank.distributed import _skip_shm_build
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        _skip_shm_build()
+        deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # wraps the group, sets no env
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("core", ["fused", "math"])
+def test_deepspeed_rerun_holds_the_layer_output_more_in_fp32(one_rank_group, core):
+    """DeepSpeed's CheckpointFunction (reentrant) reruns the layer to its end: it also holds the
+    layer's output, s*b*h*e. In fp32 that is one h per token over torch's rebuild; in bf16 torch's
+    rerun holds the residual instead, as much: the two agree."""
+    config = replace(TINY, attention=core)
+    extra = SCALE if core == "math" else 0
+    for precision in DTYPES:
+        _, rebuilt = measured(config, "deepspeed", precision)
+        s = setup_of(config, "deepspeed", precision)
+        output = layer_input_bytes(s) if precision == "fp32" else 0
+        assert [held - rebuilt_bytes(s) for held in rebuilt] == [output + extra] * config.layers, precision
 
 
 def test_parts_of_a_layer_and_what_each_strategy_keeps():
@@ -87,8 +140,21 @@ def test_parts_of_a_layer_and_what_each_strategy_keeps():
     assert layer_kept_bytes(replace(s, recompute="full")) == layer_input_bytes(s) == sb * h * e
     assert layer_kept_bytes(replace(s, recompute="full"), recomputed=False) == layer_activation_bytes(s)
     assert rebuilt_bytes(s) == 0
-    assert rebuilt_bytes(replace(s, recompute="selective")) == parts["core"]
-    assert rebuilt_bytes(replace(s, recompute="full")) == layer_activation_bytes(s)
+    # the core's rerun: probabilities, the scaled q, v copied, the causal mask (no GQA: k is a view)
+    assert rebuilt_bytes(replace(s, recompute="selective")) == sb * (TINY.heads * SEQ + 2 * h) * e + SEQ * SEQ * e
+    gqa = replace(s, model=replace(TINY_GQA, attention="math"), recompute="selective")
+    assert rebuilt_bytes(gqa) == sb * (TINY.heads * SEQ + 3 * h) * e + SEQ * SEQ * e      # k repeated too
+    fused = replace(s, model=TINY, recompute="selective")
+    assert rebuilt_bytes(fused) == layer_parts(fused)["core"] == sb * h * e + 4 * TINY.heads * sb
+    # the layer's rerun: bf16, all it saves and the residual; fp32, all it saves but its input
+    assert rebuilt_bytes(replace(s, recompute="full")) == layer_activation_bytes(s) + sb * h * e
+    fp32 = replace(s, precision="fp32", recompute="full", recompute_layers=1)
+    assert rebuilt_bytes(fp32) == layer_activation_bytes(fp32) - sb * h * 4
+    # and the peak's formula says so
+    assert "one core rebuilt [a·s·sbp + 2sbhp] + s²p + head" in estimate(replace(s, recompute="selective")).term(
+        "activations").formula
+    assert "one layer rebuilt ([" in estimate(fp32).term("activations").formula
+    assert estimate(fp32).term("activations").formula.endswith("] - sbhp) + head")
 
 
 def test_strategies_order_and_the_peak_adds_what_backward_rebuilds():

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from plscale import plots
 from plscale.predict import memory, recompute as predict
+from plscale.predict.activations import NORM_BYTES, element_bytes, layer_input_bytes
 from plscale.predict.presets import preset
 from plscale.rank import allocations, recompute, runtime
 from plscale.rank.data import wikitext
@@ -151,6 +152,12 @@ if ctx.is_main:
                            round(want / MiB, 3), "the largest rerun's allocations, held at its end; rank 0"),
                     figure(f"{strategy}: peak of the step above its start", round(peak / MiB, 3), "MiB", None,
                            "activations, gradients and the head's transients; rank 0")]
+    if "deepspeed" in strategies:  # predicted as torch's checkpoint: the known difference, in words
+        output = layer_input_bytes(setup_of("deepspeed"))
+        ctx.log(f"  deepspeed's CheckpointFunction reruns each layer to its end and holds its output too, s·b·h·p = "
+                f"{output / MiB:.2f} MiB: " + ("that much over torch's checkpoint (the prediction), whose rerun stops "
+                                               "before the output" if element_bytes(base.precision) == NORM_BYTES
+                                               else "as much as torch's rerun holds of the residual at 16 bits"))
 
 # ---- 3. Step time: recomputation pays in forwards --------------------------------------------
 if ctx.is_main:

@@ -33,8 +33,40 @@ Recomputation (Korthikanti et al., 2022), of the first k layers (k = 0: all; Meg
     full       a recomputed layer keeps only its input, h (h/t under sp)
 
 `activation_bytes` is what is kept at the end of the forward (what a census measures);
-`rebuilt_bytes` the transient extra while backward rebuilds one layer (full: the whole layer)
-or one core (selective: its dropped tensors). Their sum is the peak a device must hold.
+`rebuilt_bytes` what one recomputation holds when its rerun ends, just before the region's
+backward uses it: the largest extra of the backward. Their sum is the peak a device must hold.
+What a rerun holds is not what the forward dropped: torch.utils.checkpoint (non-reentrant) runs
+the region again under hooks that catch each tensor it saves, and stops the rerun (early stop,
+torch's default) as soon as the last one is caught: down_proj's input, before down_proj runs
+(a layer); probs and v, before the last matmul runs (the math core); the fused kernel's output
+and log-sum-exp, after it runs. Whatever the stopped rerun's Python frames still name is alive
+then too. Measured by tests/test_recompute_predict.py (the allocator's history: what a label's
+second run, inside the backward, allocated and still held when it ended; fused and math cores,
+grouped-query attention, fp32 and bf16; fp16 and preset small's shape by hand), equal to these
+but for the 8 bytes of the math core's scale (a 0-dim fp64 tensor its mul saves, left out of
+the forward's count too):
+
+    selective, fused  h/t + 4a/t bytes    the output and the log-sum-exp (the fused kernel saves
+                                          them after it runs; q, k, v are the kept inputs)
+    selective, math   (a*s + 2h + g*h)/t  the probabilities, the scaled q, v copied (matmul makes
+                      + s x s x e bytes   the transposed view contiguous) or repeated to every
+                                          head, and, under grouped-query attention (g = 1 when
+                                          h_kv < h, else 0), k repeated (else k^T is a view of the
+                                          kept k); the causal mask [s, s], still named in the core's
+                                          frame when the rerun stops ((s/cp) x s under cp)
+    full              layer - h   (e = 4) every tensor the layer saves, but for the first norm's
+                      layer + h   (e < 4) input, the layer's input itself in fp32 (kept already);
+                                          in bf16/fp16 that norm saves an fp32 copy instead, and
+                                          the residual x + attention(x), which no one saves at
+                                          e < 4, is still named in the layer's frame when the
+                                          rerun stops in down_proj (h: h/t under sp). The layer's
+                                          output is never rebuilt.
+
+DeepSpeed's activation checkpointing (deepspeed.checkpointing.checkpoint, a reentrant
+CheckpointFunction) reruns the whole layer to its end: it holds every tensor the layer saves,
+less the aliased input at e = 4, plus the layer's output, h: the layer at e = 4 (one h more
+than torch's rebuild), layer + h at e < 4 (as torch's: its output in place of the residual).
+rebuilt_bytes predicts torch's checkpoint; add h per token (s*b*h*e) for DeepSpeed's in fp32.
 
 Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
 micro-batches of L/pp layers, the whole model's worth. Context parallelism (cp ranks share
@@ -149,12 +181,28 @@ def activation_bytes(s: "Setup", layers: int | None = None, head: bool = True) -
     return kept + (head_activation_bytes(s) if head else 0)
 
 
+def core_rebuilt_bytes(s: "Setup") -> float:
+    """What a selective rerun of one attention core holds when torch's checkpoint stops it: fused,
+    the output and the log-sum-exp; math, the probabilities, the scaled q, v copied or repeated,
+    k repeated under grouped-query attention, and the causal mask (module doc)."""
+    c, e, t, sb = s.model, element_bytes(s.precision), s.tp, _tokens(s)
+    if c.attention != "math":
+        return layer_parts(s)["core"]
+    repeated = c.hidden if c.kv_dim < c.hidden else 0
+    return sb * (c.heads * s.seq + 2 * c.hidden + repeated) * e / t + s.tokens * s.seq * e
+
+
 def rebuilt_bytes(s: "Setup") -> float:
-    """The transient extra while backward rebuilds: one whole layer (full), one layer's dropped
-    core (selective), 0 (none, or no layer recomputed)."""
+    """What the backward's largest recomputation holds when its rerun ends (torch.utils.checkpoint,
+    non-reentrant): one core's rerun (selective), one layer's (full: its saved tensors less its
+    input at e = 4, plus the residual still named at e < 4), 0 (none, or no layer recomputed).
+    DeepSpeed's checkpoint holds the layer's output, s*b*h*e, more at e = 4 (module doc)."""
     if not recomputed_layers(s):
         return 0.0
-    return layer_activation_bytes(s) if s.recompute == "full" else layer_dropped_bytes(s)
+    if s.recompute == "selective":
+        return core_rebuilt_bytes(s)
+    aliased = element_bytes(s.precision) == NORM_BYTES  # the first norm saves the kept input itself
+    return layer_activation_bytes(s) + (-1 if aliased else 1) * layer_input_bytes(s)
 
 
 def activation_formula(s: "Setup") -> str:
@@ -171,7 +219,13 @@ def activation_formula(s: "Setup") -> str:
         formula = f"L·[{layer}] + head"
     elif s.recompute == "full":
         kept = "sbhp/t" if s.sp else "sbhp"
-        formula = f"{n}·{kept} + {rest}one layer rebuilt [{layer}] + head"
+        sign = "-" if element_bytes(s.precision) == NORM_BYTES else "+"  # the input aliased, or the residual named
+        formula = f"{n}·{kept} + {rest}one layer rebuilt ([{layer}] {sign} {kept}) + head"
     else:
-        formula = f"{n}·[{norms} + {attention}] + {rest}one core rebuilt [{core}]{t} + head"
+        if c.attention == "math":  # the rerun's probabilities, scaled q, v (and k) copies, and the mask
+            mask = "(s/cp)·s·p" if s.cp > 1 else "s²p"
+            core = f"a·s·sbp + {3 if c.kv_dim < c.hidden else 2}sbhp]{t} + {mask}"
+        else:
+            core = f"{core}]{t}"
+        formula = f"{n}·[{norms} + {attention}] + {rest}one core rebuilt [{core} + head"
     return formula.replace("sb", "(s/cp)b") if s.cp > 1 else formula  # each rank's s/cp tokens
