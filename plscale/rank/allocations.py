@@ -21,7 +21,10 @@ time, on CPU and on CUDA alike. Named intervals come from torch.profiler.record_
 Bytes are relative to the start of the recording (the allocator knows deltas, not the
 level); on CUDA, add torch.cuda.memory_allocated() taken before it for the level. A block
 allocated before the recording and freed inside it is not seen (torch warns once: "Memory
-block of unknown size was allocated before the profiling started").
+block of unknown size was allocated before the profiling started"). On CPU each event is a
+tensor's bytes. On CUDA it is a block of the caching allocator: sizes rounded up to 512
+bytes, and a block split from a larger one may carry some of its rest, so a history there
+counts a little above the tensors' bytes.
 """
 
 import gc
@@ -118,19 +121,23 @@ def record(device: torch.device):
     # Python's cycle collector, run inside, would free whatever old garbage it finds (an earlier
     # model, say) in the middle of the history: collect it first, and pause the collector.
     gc.collect()
-    gc.disable()
     rec = Recorder()
     prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []), profile_memory=True)
-    with _without_tracepoints():
-        prof.start()
+    gc.disable()
     try:
-        yield rec
-        if cuda:
-            torch.cuda.synchronize(device)
-    finally:
         with _without_tracepoints():
-            prof.stop()
+            prof.start()
+        try:
+            yield rec
+            if cuda:
+                torch.cuda.synchronize(device)
+        finally:
+            with _without_tracepoints():
+                prof.stop()
+    finally:
         gc.enable()
+    # The raw events, each with its time and bytes (prof.events() folds the memory rows into
+    # per-operator totals). kineto_results is not public API: torch 2.13 has it.
     rec.history = from_events(prof.profiler.kineto_results.events(), device)
 
 
@@ -157,9 +164,10 @@ def from_events(events, device: torch.device) -> History:
     """A History from the profiler's events: memory events of `device`'s type, the intervals
     of record_function labels (phases apart from the rest), times from the first event."""
     want = "CUDA" if device.type == "cuda" else "CPU"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else None
     memory = sorted((e.start_ns(), e.nbytes()) for e in events
                     if e.name() == "[memory]" and str(e.device_type()).endswith(want)
-                    and (device.type != "cuda" or e.device_index() in (device.index or 0, -1)))
+                    and (index is None or e.device_index() == index))
     marks = sorted((e.start_ns(), e.end_ns(), e.name()) for e in events  # the host's copy of each label
                    if e.is_user_annotation() and str(e.device_type()).endswith("CPU"))
     origin = min([t for t, _ in memory[:1]] + [s for s, _, _ in marks[:1]], default=0)
