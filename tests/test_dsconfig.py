@@ -155,3 +155,40 @@ def test_load_universal_reaches_deepspeed():
         assert ds_config.DeepSpeedConfig(dict(config)).load_universal_checkpoint is True
         assert ds_config.DeepSpeedConfig(build(DSSpec(stage=2, micro_batch=2, world_size=2))) \
             .load_universal_checkpoint is False
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"fp16": {"enabled": True, "loss_scale": 0.5}}, "fp16.loss_scale 0.5 is a static scale below 1"),
+    ({"fp16": {"enabled": True, "loss_scale": 1, "initial_scale_power": -8}},
+     "fp16.initial_scale_power -8 asks for a tiny starting scale (2^-8) while loss_scale 1 turns dynamic scaling off"),
+    ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16.min_loss_scale 0: use a whole number, 1 or more"),
+    ({"torch_autocast": {"enabled": True, "dtype": "torch.float16"}, "fp16": {"enabled": True}},
+     "torch_autocast and the fp16 section are both enabled: keep one"),
+    ({"torch_autocast": {"enabled": True}, "bf16": {"enabled": True}},
+     "torch_autocast and the bf16 section are both enabled: keep one"),
+])
+def test_checker_applies_the_precision_rules(sections, message):
+    """The rules the spec and the lab's checks use (dsconfig/valid.py), on a config from a file."""
+    problems = check({"train_micro_batch_size_per_gpu": 2, **sections}, 1)
+    assert len(problems) == 1 and problems[0].startswith(message), problems
+    # off, the same section is not checked; DeepSpeed's defaults pass
+    assert rule_problems({"train_micro_batch_size_per_gpu": 2, "fp16": {**sections.get("fp16", {}), "enabled": False}},
+                         1) == []
+    assert check({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True}}, 1) == []
+
+
+def test_fp16_section_is_refused_on_cpu_only():
+    from plscale.dsconfig.valid import fp16_section_problem
+
+    config = build(DSSpec(precision="fp16"))
+    problem = fp16_section_problem(config, "cpu")
+    assert "oneDNN fp16 kernels" in problem and "use bf16" in problem and "\n" not in problem
+    assert fp16_section_problem(config, "cuda") is None
+    assert fp16_section_problem(build(DSSpec(precision="fp16", autocast=True)), "cpu") is None  # torch autocast runs
+
+
+def test_explain_names_torch_autocast():
+    from plscale.dsconfig.explain import meaning
+
+    assert "fp32" in meaning("torch_autocast.dtype") and "GradScaler" in meaning("torch_autocast.enabled")
+    assert "underflow" in meaning("fp16.loss_scale") and meaning("fp16.enabled").startswith("fp16 mixed precision")

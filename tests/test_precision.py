@@ -2,13 +2,16 @@
 scaler's log on a real GradScaler inside a DeepSpeed engine (halved and skipped on every overflow,
 the weights untouched), fp16's underflow with and without scaling, fp8 casts against the formats'
 predictions, and fp32/bf16 model states counted on 2 gloo ranks against the memory model. DeepSpeed's
-own fp16 section (a GPU's path) runs here too, with the CPU accelerator told it has fp16 kernels."""
+own fp16 section (a GPU's path) runs here too, with the CPU accelerator told it has fp16 kernels, after
+a torch_autocast engine in the same process (the state DeepSpeed leaks between them, cleared)."""
+
+from dataclasses import replace
 
 import pytest
 import torch
-
 from helpers.ranks import run_ranks
 
+from plscale.dsconfig import valid
 from plscale.dsconfig.check import check
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.dsconfig.valid import zero_settings
@@ -36,9 +39,9 @@ def test_autocast_writes_deepspeeds_torch_autocast_section_and_keeps_fp32_weight
 
 def test_fp16_section_carries_the_loss_scaling_settings():
     fp16 = build(DSSpec(precision="fp16", initial_scale_power=24, loss_scale_window=5, hysteresis=1,
-                        min_loss_scale=0.5))["fp16"]
+                        min_loss_scale=2))["fp16"]
     assert fp16 == {"enabled": True, "loss_scale": 0.0, "initial_scale_power": 24, "loss_scale_window": 5,
-                    "hysteresis": 1, "min_loss_scale": 0.5}
+                    "hysteresis": 1, "min_loss_scale": 2}
     assert zero_settings({"fp16": fp16})["precision"] == "fp16"
 
 
@@ -49,11 +52,29 @@ def test_fp16_section_carries_the_loss_scaling_settings():
     ({"initial_scale_power": -4}, "starts the loss scale at 2^-4, below 1"),
     ({"loss_scale": 1, "initial_scale_power": -8}, "while loss_scale 1 turns dynamic scaling off"),
     ({"loss_scale_window": 0}, "loss_scale_window 0: use a whole number of steps"),
+    ({"min_loss_scale": 0.5}, "min_loss_scale 0.5: use a whole number, 1 or more"),  # DeepSpeed takes an int
 ])
 def test_bad_precision_settings_are_one_line(kwargs, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("^", r"\^")) as err:
         build(DSSpec(**{"precision": "fp16", **kwargs}))
     assert "\n" not in str(err.value)
+
+
+def test_fp16_path_asks_the_device_and_the_stage():
+    """One rule (dsconfig/valid.py) for the host's checks and the ranks: DeepSpeed's fp16 section
+    on GPUs at ZeRO 1-3, torch_autocast on CPUs and at ZeRO 0."""
+    assert valid.fp16_path(2, "cuda") == (True, "cuda runs fp16: DeepSpeed's fp16 section (fp16 weights, fp32 "
+                                                "master copy, its loss scaler)")
+    native, why = valid.fp16_path(0, "cuda")
+    assert not native and "deepspeedai/DeepSpeed#8393" in why
+    for stage in (0, 2):
+        native, why = valid.fp16_path(stage, "cpu")
+        assert not native and "oneDNN fp16 kernels" in why and "torch_autocast" in why
+
+
+def test_format_thresholds_classify_values():
+    assert FP16.flush_limit == 2.0 ** -25 and E4M3.flush_limit == 2.0 ** -10 and E5M2.flush_limit == 2.0 ** -17
+    assert round(E4M3.binades) == 18 and round(E5M2.binades) == 32  # what fp8.py's docstrings say
 
 
 def _grads(entries):
@@ -92,6 +113,8 @@ def test_per_tensor_scaling_keeps_fp8_casts_within_the_rounding_error():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50_000, generator=g) * 1e-6  # gradient-sized: below both formats without scaling
     for fmt in (E4M3, E5M2):
+        s = fp8.per_tensor_scale(x, fmt)
+        assert x.abs().max() * s <= fmt.max and x.abs().max() * s >= fmt.max * (1 - 2.0 ** -22)  # lands on max
         plain, scaled = fp8.cast(x, fmt, scaled=False), fp8.cast(x, fmt, scaled=True)
         assert plain.flushed == plain.flushed_predicted and plain.flushed > 0.9 * plain.entries
         assert scaled.flushed == scaled.flushed_predicted and scaled.clipped == scaled.clipped_predicted == 0
@@ -107,17 +130,32 @@ def test_fp8_flush_and_overflow_counts_are_the_predicted_ones():
     e5m2 = fp8.cast(x, E5M2, scaled=False)
     assert (e5m2.flushed, e5m2.clipped, e5m2.clipped_predicted, e5m2.infinite) == (0, 2, 2, 1)
     assert e5m2.error == float("inf")
+    # The counts come from the cast, q: a format whose model disagrees with its dtype is caught. An
+    # IEEE-style e4m3 (largest 240) predicts 300 clipped; torch's e4m3fn casts it to 288, finite.
+    wrong = replace(E4M3, name="e4m3-ieee", finite_only=False)
+    cast = fp8.cast(torch.tensor([1.0, 300.0]), wrong, scaled=False)
+    assert (wrong.max, cast.clipped_predicted, cast.clipped) == (240.0, 1, 0)
     hist = taps.log2_histogram([torch.tensor([0.0, 0.5, 1.0, 3.0])], lo=-4, hi=4, per_binade=1)
     assert hist["zeros"] == 1 and sum(hist["counts"]) == 3 and hist["counts"][3:6] == [1, 1, 1]
 
 
-def _engine(config, initial_scale_power=None):
+def test_a_wrong_per_tensor_scale_shows_as_clipping(monkeypatch):
+    """The scaled cast is not clamped into range: a scale 4 times too large pushes 1 and 0.5
+    past e4m3's 448, where torch saturates them; measured in q, predicted from x s."""
+    monkeypatch.setattr(fp8, "per_tensor_scale", lambda t, fmt: 4 * fmt.max / t.abs().max().item())
+    cast = fp8.cast(torch.tensor([1.0, 0.5, 0.1]), E4M3, scaled=True)
+    assert cast.clipped == cast.clipped_predicted == 2 and cast.worst_error <= E4M3.rounding_error
+
+
+def _engine(config, initial_scale_power=None, forget=True):
     import deepspeed
 
     from plscale.rank.models.llama import Llama
 
     torch.manual_seed(0)
     model = Llama(TINY)
+    if forget:
+        loss_scaling.forget_autocast(config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     if initial_scale_power is not None:
         loss_scaling.configure(engine, DSSpec(precision="fp16", initial_scale_power=initial_scale_power,
@@ -126,7 +164,9 @@ def _engine(config, initial_scale_power=None):
 
 
 def _cases(rank, world):
-    """Census vs memory model for fp32 and bf16; a GradScaler run that starts too high (2^24)."""
+    """Census vs memory model for fp32 and bf16; a GradScaler run that starts too high (2^24); then,
+    in the same process, ZeRO-2 engines after it: with DeepSpeed's leaked autocast state, and
+    DeepSpeed's own fp16 section with it cleared."""
     from plscale.rank.census import census, zero_states
 
     out, x = {}, torch.randint(0, TINY.vocab, (2, 33), generator=torch.Generator().manual_seed(rank))
@@ -140,22 +180,29 @@ def _cases(rank, world):
             engine.step()
         want = memory.estimate(memory.setup_from_ds_config(config, world, TINY, 32))
         out[precision] = {t: [measured[t], want.term(t).total] for t in memory.MODEL_STATES}
+    engine = _engine(build(DSSpec(precision="fp16", autocast=True, micro_batch=2, world_size=world, grad_clip=0)),
+                     initial_scale_power=24)
+    out["grad_scaler"] = loss_scaling.grad_scaler_settings(engine)
+    out["autocast"] = _scaler_run(engine, x)
+    # DeepSpeed left TORCH_AUTOCAST_INITIALIZED set: a ZeRO-2 engine built now gets a GradScaler
+    zero2 = build(DSSpec(stage=2, micro_batch=2, world_size=world, grad_clip=0))
+    try:
+        loss_scaling.configure(_engine(zero2, forget=False), DSSpec())
+        out["leak"] = "accepted"
+    except RuntimeError as exc:
+        out["leak"] = str(exc)
+    out["cleared"] = _engine(zero2).optimizer.torch_autocast_gradscaler is None
     # DeepSpeed's own fp16 section and DynamicLossScaler, as a GPU runs them at ZeRO 1-3: told the
-    # CPU has fp16 kernels (it has none, only slow fp16 ops), DeepSpeed runs it here too. Before any
-    # torch_autocast engine: that leaves a flag in DeepSpeed (torch_autocast.TORCH_AUTOCAST_INITIALIZED)
-    # which later ZeRO optimizers read.
+    # CPU has fp16 kernels (it has none, only slow fp16 ops), DeepSpeed runs it here too.
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
     accelerator.is_fp16_supported = lambda: True
-    out["paths"] = [loss_scaling.fp16_path(stage) for stage in (0, 2)]
-    out["native"] = _scaler_run(_engine(build(DSSpec(stage=2, precision="fp16", micro_batch=2, world_size=world,
-                                                     grad_clip=0, initial_scale_power=24, loss_scale_window=2,
-                                                     hysteresis=1))), x)
+    native = _engine(build(DSSpec(stage=2, precision="fp16", micro_batch=2, world_size=world, grad_clip=0,
+                                  initial_scale_power=24, loss_scale_window=2, hysteresis=1)))
+    loss_scaling.configure(native, DSSpec())  # nothing leaked into it: no GradScaler, no error
+    out["native"] = _scaler_run(native, x)
     del accelerator.is_fp16_supported  # the class's own answer again
-    engine = _engine(build(DSSpec(precision="fp16", autocast=True, micro_batch=2, world_size=world, grad_clip=0)),
-                     initial_scale_power=24)
-    out["autocast"] = _scaler_run(engine, x)
     return out
 
 
@@ -215,11 +262,14 @@ def test_the_scaler_halves_and_skips_on_overflow_then_grows(two_ranks, path):
     assert two_ranks[(2, 1)][path]["log"] == log  # every rank reads the same scale: the gradients are reduced first
 
 
-def test_fp16_path_asks_the_accelerator_and_the_stage(two_ranks):
-    (zero0, why0), (zero2, why2) = two_ranks[(2, 0)]["paths"]
-    assert not zero0 and "deepspeedai/DeepSpeed#8393" in why0 and zero2 and "fp16 section" in why2
-    native, why = loss_scaling.fp16_path(0)  # this process: the real CPU accelerator
-    assert not native and "no fp16 kernels" in why
+def test_deepspeeds_leaked_autocast_state_is_refused_then_cleared(two_ranks):
+    out = two_ranks[(2, 0)]
+    assert "left DeepSpeed's TORCH_AUTOCAST_INITIALIZED set" in out["leak"] and out["cleared"]
+
+
+def test_the_grad_scaler_that_ran_follows_the_spec(two_ranks):
+    assert two_ranks[(2, 0)]["grad_scaler"] == {"init_scale": 2.0 ** 24, "growth_factor": 2.0,
+                                               "backoff_factor": 0.5, "growth_interval": 2}
 
 
 def test_broken_rule_names_steps_that_break_dynamic_scaling():

@@ -5,8 +5,10 @@ scaler's back-off; fp8 casts of real tensors; bad input refused in one line befo
 import json
 
 import pytest
-
 from conftest import figures, load_summary
+
+from plscale.predict.presets import preset
+from plscale.rank.models.llama import Llama
 
 TINY = ["--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32"]
 
@@ -30,9 +32,10 @@ def test_precisions_side_by_side(cli):
     assert {"fp32: activations match the memory model", "bf16: activations match the memory model",
             "fp16: the scale follows dynamic loss scaling", "loss scaling keeps small gradients in fp16's range"} <= names
     memory, f = s["memory"], figures(s)
-    for run in ("fp32", "bf16", "fp16"):  # exact bytes; Adam also keeps a 4-byte step count per tensor (20 in tiny)
+    counters = 4 * len(list(Llama(preset("tiny")).parameters()))  # Adam's step count: a 4-byte scalar per tensor
+    for run in ("fp32", "bf16", "fp16"):  # exact bytes
         got = {t: v["measured_bytes"] - v["predicted_bytes"] for t, v in memory[run].items() if t != "activations"}
-        assert got == {"parameters": 0, "gradients": 0, "master": 0, "moments": 4 * 20}, (run, got)
+        assert got == {"parameters": 0, "gradients": 0, "master": 0, "moments": counters}, (run, got)
     assert memory["bf16"]["parameters"]["measured_bytes"] * 2 == memory["fp32"]["parameters"]["measured_bytes"]
     assert memory["bf16"]["master"]["measured_bytes"] == memory["fp32"]["parameters"]["measured_bytes"]
     assert memory["fp32"]["master"]["measured_bytes"] == 0  # fp32 at ZeRO 0: Adam steps the weights
@@ -43,6 +46,12 @@ def test_precisions_side_by_side(cli):
     none, scaled = s["underflow"].values()
     assert none["measured"]["subnormal"] > 0.5 and scaled["measured"]["subnormal"] < 0.01
     assert s["fp16_path"] == "torch_autocast"
+    # the GradScaler that ran, as torch reports it: fp16's settings; none for fp16 with no scaling
+    assert s["grad_scaler"] == {"fp16": {"init_scale": 2.0 ** 22, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                         "growth_interval": 1}, "fp16-unscaled": None}
+    for run in ("fp32", "bf16", "fp16", "fp16-unscaled"):  # timed, never checked
+        timed = f[f"{run}: step time (median)"]
+        assert timed["value"] == round(s["step_s"][run], 4) > 0 and timed["predicted"] is None
     assert "torch_autocast" in json.loads((run_dir / "ds_config.fp16.json").read_text())
     assert "bf16" in json.loads((run_dir / "ds_config.bf16.json").read_text())
     for chart in ("losses.png", "memory.png", "loss_scale.png", "underflow.png"):
@@ -70,6 +79,12 @@ def test_fp8_casts_of_real_tensors(cli):
     (["precision", "--set", "ds.stage=2"], "whose loss scale works at ZeRO 0 only"),
     (["fp8", "--set", "fp8.formats=[e3m4]"], "fp8.formats: No number format 'e3m4'"),
     (["precision", "--set", "ds.precision=fp64"], "Precision 'fp64' is not one of fp32, bf16, fp16"),
+    (["precision", "--set", "fp16.min_loss_scale=4"], "fp16.min_loss_scale 4: on CPU fp16 runs under torch's "
+                                                      "GradScaler, which has no floor"),
+    # DeepSpeed's fp16 section on CPU (the shared rule, any lab): every rank would stop at DeepSpeed's ValueError
+    (["fp8", "--set", "ds.precision=fp16"], "ds.precision fp16: DeepSpeed's fp16 section does not run on CPU"),
+    (["recompute", "--set", "ds.precision=fp16"], "ds.precision fp16: DeepSpeed's fp16 section does not run on CPU"),
+    (["zero2", "--set", "ds.precision=fp16"], "use bf16, or lab 09's fp16 variants (plscale lab run fp16)"),
 ])
 def test_bad_input_is_refused_before_launch(cli, args, message):
     out = cli("lab", "run", *args, "--cpu")
@@ -77,3 +92,20 @@ def test_bad_input_is_refused_before_launch(cli, args, message):
     text = out.stderr + out.stdout
     assert message in text and len(text.strip().splitlines()) == 1, text
     assert not cli.runs.exists() or not any(cli.runs.iterdir())
+
+
+def test_a_users_fp16_config_is_refused_on_cpu(cli, tmp_path):
+    from plscale.dsconfig.spec import DSSpec, build
+
+    config = tmp_path / "fp16.json"
+    config.write_text(json.dumps(build(DSSpec(precision="fp16", micro_batch=4, world_size=2, grad_clip=0))))
+    out = cli("lab", "run", "fp8", "--cpu", "--ds-config", config, "--dry-run")
+    assert out.returncode == 2 and f"{config}: DeepSpeed's fp16 section does not run on CPU" in out.stderr + out.stdout
+
+
+@pytest.mark.parametrize("args", [["recompute", "--set", "ds.stage=3"], ["recompute", "--set", "fp16.hysteresis=2"],
+                                  ["fp8", "--set", "precision.runs=[fp8]"], ["precision", "--set", "fp8.formats=[e3m4]"]])
+def test_each_variant_is_checked_for_what_its_script_runs(cli, args):
+    """precision.py's settings bind its variants only, fp8.py's formats its variant only."""
+    out = cli("lab", "run", *args, "--cpu", "--dry-run")
+    assert out.returncode == 0, out.stdout + out.stderr

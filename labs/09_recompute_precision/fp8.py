@@ -1,7 +1,7 @@
 """Lab 09, fp8 by measurement: real activations and gradients cast to e4m3 and e5m2.
 
-Eight bits leave a float 16 to 18 binades (powers of two) between its smallest and largest
-value, and 2 or 3 bits of mantissa (plscale estimate precision):
+Eight bits leave a float about 18 binades (powers of two) between its smallest and largest
+value with 3 bits of mantissa (e4m3), or 32 with 2 (e5m2) (plscale estimate precision):
 
     e4m3  largest 448,   smallest 2^-9,  rounding error at most 2^-4: for activations, weights
     e5m2  largest 57344, smallest 2^-16, rounding error at most 2^-3: for gradients (range)
@@ -12,7 +12,8 @@ as q / s (per-tensor scaling; the scale is kept in fp32 beside the tensor). The 
 Llama a few steps through DeepSpeed, takes one batch's real tensors at every linear layer (its
 input, and the gradient at its output: what an fp8 matmul would cast), casts each to every
 format with and without scaling, and puts what was lost beside what the formats predict: which
-entries round to 0 or pass the largest value, and the worst rounding error, 2^-(m+1).
+entries round to 0 or pass the largest value, and the worst rounding error, 2^-(m+1); the error
+column is each tensor's ||q/s - x|| / ||x||, averaged over the tensors.
 
     plscale lab run fp8 --gpus 2
     deepspeed --num_gpus 2 labs/09_recompute_precision/fp8.py
@@ -70,6 +71,7 @@ for step in range(steps):
 
 # ---- One batch's real tensors, in fp32, cast to each format with and without scaling ----------
 figures, results = [], {}
+pair = lambda got, want, width, digits: f"{100 * got:.{digits}f}% / {100 * want:.{digits}f}%".rjust(width)
 if ctx.is_main:
     probe = Llama(config).to(dev)                 # the trained weights, in fp32, outside the engine
     probe.load_state_dict(engine.module.state_dict())
@@ -83,22 +85,23 @@ if ctx.is_main:
                 f"{len(values)} linears, {sum(t.numel() for t in values):,} values, rank 0): largest |x| per tensor "
                 f"2^{math.log2(min(amax)):.1f} to 2^{math.log2(max(amax)):.1f}")
         ctx.log(f"  {'':6}{'scaling':12}{'flushed to 0':>22}{'past the largest':>22}{'worst error (normal)':>26}"
-                f"{'error ||q-x||/||x||':>22}   measured / predicted")
+                f"{'mean over tensors of ||q/s-x||/||x||':>40}   measured / predicted")
         for f in formats:
             for scaled in (False, True):
                 c = fp8.cast_all(values, f, scaled)
                 got = c.fractions()
                 label = "per-tensor" if scaled else "none"
-                ctx.log(f"  {f.name:6}{label:12}{100 * got['flushed']:10.3f}% / {100 * got['flushed_predicted']:.3f}%"
-                        f"{100 * got['clipped']:12.3f}% / {100 * got['clipped_predicted']:.3f}%"
-                        f"{100 * got['worst_error']:14.2f}% / {100 * f.rounding_error:.2f}%"
-                        f"{100 * got['error']:17.2f}%" + (f" ({got['infinite']:.2%} inf)" if got["infinite"] else ""))
+                ctx.log(f"  {f.name:6}{label:12}" + pair(got["flushed"], got["flushed_predicted"], 22, 3)
+                        + pair(got["clipped"], got["clipped_predicted"], 22, 3)
+                        + pair(got["worst_error"], f.rounding_error, 26, 2) + f"{100 * got['error']:.2f}%".rjust(40)
+                        + (f" ({got['infinite']:.2%} inf)" if got["infinite"] else ""))
                 exact &= c.flushed == c.flushed_predicted and c.clipped == c.clipped_predicted
                 bounded &= c.worst_error <= f.rounding_error * (1 + 1e-6)
                 results[f"{kind}, {f.name}, {label}"] = got
                 figures += [figure(f"{kind} in {f.name}, {label} scaling: flushed to 0", round(100 * got["flushed"], 4),
                                    "%", round(100 * got["flushed_predicted"], 4)),
-                            figure(f"{kind} in {f.name}, {label} scaling: error", round(100 * got["error"], 3), "%",
+                            figure(f"{kind} in {f.name}, {label} scaling: error (mean over tensors)",
+                                   round(100 * got["error"], 3), "%",
                                    None, f"worst normal-range entry {100 * got['worst_error']:.2f}% "
                                          f"(at most {100 * f.rounding_error:g}%)")]
             rescued &= results[f"{kind}, {f.name}, per-tensor"]["error"] <= f.rounding_error
@@ -106,7 +109,8 @@ if ctx.is_main:
             "each tensor's largest entry onto the format's largest,\nso nothing overflows and the rest keeps the "
             "format's 2-3 bits, down to what falls below its range (fp8.png)")
     ctx.check("the casts flush and clip as the formats' ranges predict", exact,
-              "entries rounded to 0 (|x s| <= smallest / 2) and past the largest (|x s| > largest), counted exactly")
+              "entries cast to 0, and to inf or saturated from beyond the largest, counted in q exactly where "
+              "|x s| <= smallest / 2 and |x s| > largest predict")
     ctx.check("rounding error within 2^-(m+1) in the normal range", bounded,
               ", ".join(f"{f.name} at most {100 * f.rounding_error:g}%" for f in formats))
     ctx.check("with per-tensor scaling, the error stays within the format's rounding error", rescued,

@@ -14,11 +14,12 @@ formats split their bits differently (plscale estimate precision):
 Each run trains the same model from the same weights on the same batches: fp32, bf16 (DeepSpeed's
 bf16 section), fp16 with dynamic loss scaling started high enough to overflow (the scaler's
 sawtooth), and fp16 with none. Memory per rank is counted by role (the tensor census) beside
-the memory model; the loss curves, the scaler's log, and where fp16 puts real gradients,
-scaled and not, beside where formats.py says they fall. Where DeepSpeed refuses fp16 (a CPU
-without fp16 kernels), fp16 runs as DeepSpeed's torch_autocast: fp32 weights, fp16 ops,
-torch's GradScaler; so it does at ZeRO 0, where DeepSpeed 0.19's fp16 section does not
-scale the loss (plscale/rank/loss_scaling.py says which path runs, and why).
+the memory model; the median step time of each (printed, never checked); the loss curves,
+the scaler's log, and where fp16 puts real gradients, scaled and not, beside where formats.py
+says they fall. Where DeepSpeed refuses fp16 (a CPU without fp16 kernels), fp16 runs as
+DeepSpeed's torch_autocast: fp32 weights, fp16 ops, torch's GradScaler; so it does at ZeRO 0,
+where DeepSpeed 0.19's fp16 section does not scale the loss (plscale/dsconfig/valid.py's
+fp16_path says which path runs, and why).
 
     plscale lab run precision --gpus 2          (the fp16 variant: the scaler's run alone)
     deepspeed --num_gpus 2 labs/09_recompute_precision/precision.py --variant precision
@@ -28,6 +29,8 @@ scale the loss (plscale/rank/loss_scaling.py says which path runs, and why).
 import contextlib
 import copy
 import math
+import statistics
+import time
 from dataclasses import asdict, replace
 
 import deepspeed
@@ -37,6 +40,7 @@ import torch.distributed as dist
 from plscale import plots
 from plscale import precision_charts as charts
 from plscale.dsconfig.spec import DSSpec, build
+from plscale.dsconfig.valid import fp16_path
 from plscale.files import write_json
 from plscale.predict import memory
 from plscale.predict.formats import FORMATS
@@ -59,7 +63,7 @@ FP16 = FORMATS["fp16"]
 ctx.log(f"{'format':8}{'largest':>12}{'smallest normal':>17}{'smallest':>11}{'rounding error':>16}{'binades':>9}")
 for f in (FORMATS[name] for name in ("fp32", "bf16", "fp16")):
     ctx.log(f"{f.name:8}{f.max:12.4g}{f.min_normal:17.3g}{f.min_subnormal:11.3g}{f.rounding_error:16.2g}{f.binades:9.0f}")
-native, why = loss_scaling.fp16_path(S["ds"]["stage"])
+native, why = fp16_path(S["ds"]["stage"], dev.type)
 if any(run.startswith("fp16") for run in runs):
     ctx.log(f"fp16 here: {why}")
 
@@ -92,11 +96,14 @@ for run in runs:
         write_json(ctx.run_dir / f"ds_config.{run}.json", ds)
     model = Llama(config)
     model.load_state_dict(initial)
+    loss_scaling.forget_autocast(ds)          # what an earlier torch_autocast run left in DeepSpeed
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
     loss_scaling.configure(engine, spec)      # the autocast path: a GradScaler as fp16's settings say
+    scaler = loss_scaling.grad_scaler_settings(engine)  # what torch's GradScaler runs with (None: none)
     log = loss_scaling.ScalerLog(engine)
-    losses = []
+    losses, times = [], []
     for step in range(steps):
+        t0 = time.perf_counter()
         total = torch.zeros((), dtype=torch.float64, device=dev)
         for i, block in enumerate(shards.step(step)):
             block, counting = block.to(dev), step == steps - 1 and i == 0  # the census: the last step
@@ -111,11 +118,14 @@ for run in runs:
             total += loss.detach().double()
         dist.all_reduce(total)
         losses.append(total.item() / (N * accum))
-        ctx.metrics.step(run=run, step=step, loss=losses[-1], loss_scale=log.rows[-1].scale_before)
+        times.append(time.perf_counter() - t0)
+        ctx.metrics.step(run=run, step=step, loss=losses[-1], loss_scale=log.rows[-1].scale_before,
+                         step_time_s=times[-1])
         ctx.metrics.progress(run, step + 1, steps, f"loss {losses[-1]:.4f}, scale {log.rows[-1].scale_before:g}")
     everyone = [None] * N
     dist.all_gather_object(everyone, measured)
     results[run] = {"spec": spec, "losses": losses, "log": log, "measured": everyone, "stepped": stepped,
+                    "scaler": scaler, "step_s": statistics.median(times[1:-1] or times),  # first: allocating; last: census
                     "prediction": memory.estimate(memory.setup_from_ds_config(ds, N, config, seq))}
     del engine, model
 
@@ -130,8 +140,8 @@ for run, r in results.items():
     autocast = r["spec"].autocast  # 16-bit ops on fp32 weights: activations of mixed widths
     if autocast:
         predicted["activations"] = None
-    ctx.log(f"  {run:15}" + "".join(f"{got[t] / MiB:13.2f} / " + (f"{predicted[t] / MiB:<8.2f}" if predicted[t]
-                                    is not None else f"{'-':<8}") for t in got))
+    ctx.log(f"  {run:15}" + "".join(f"{got[t] / MiB:.2f} / {'-' if predicted[t] is None else f'{predicted[t] / MiB:.2f}'}"
+                                    .rjust(24) for t in got))
     states, want = sum(got[t] for t in MODEL_STATES), sum(predicted[t] for t in MODEL_STATES)
     if r["stepped"]:
         ctx.check(f"{run}: model states match the memory model", abs(states - want) <= tol * want,
@@ -153,6 +163,15 @@ if any(r["spec"].autocast for r in results.values()):
     ctx.log("  under autocast the weights, gradients and optimizer stay fp32 (predicted as fp32). Its activations "
             "are not predicted:\n  the norms, softmax and loss keep fp32 tensors, each linear keeps an fp16 copy "
             "of its input, and the memory model knows one width per activation")
+
+# ---- Time per step: measured, printed, never checked -------------------------------------------
+ctx.log("\nstep time, median over steps (the first, allocating, and the last, counting memory, left out; rank 0): "
+        + ", ".join(f"{run} {r['step_s']:.3f} s" for run, r in results.items()))
+if dev.type == "cpu" and any(run.startswith("fp16") for run in runs):
+    ctx.log("  on a CPU without fp16 kernels, fp16 autocast is the slow one: each fp16 op runs a fallback path "
+            "and casts to and from fp32; on GPUs 16-bit matmuls are the fast ones")
+figures += [figure(f"{run}: step time (median)", round(r["step_s"], 4), "s", None, "measured, not predicted")
+            for run, r in results.items()]
 
 # ---- fp16's loss scaler: overflow, back-off, growth --------------------------------------------
 window, logs = S["fp16"]["loss_scale_window"], {}
@@ -240,5 +259,7 @@ if ctx.is_main:
             "gradients against fp16's range")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, runs=runs,
            fp16_path="deepspeed fp16" if native else "torch_autocast", memory=memory_rows,
+           grad_scaler={run: r["scaler"] for run, r in results.items() if r["spec"].autocast},
+           step_s={run: r["step_s"] for run, r in results.items()},
            losses={run: r["losses"] for run, r in results.items()}, scaler=logs, underflow=underflow,
            params=param_count(config))

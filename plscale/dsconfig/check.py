@@ -53,8 +53,7 @@ def rule_problems(config: dict, world_size: int, label: str = "world size") -> l
         problems.append(f"train_batch_size {total} is not divisible by accumulation {accum} x {label} "
                         f"{world_size}: choose a multiple of {accum * world_size}.")
     problems += valid.problems(**valid.zero_settings(config))  # stage, precision and offload together
-    if (config.get("fp16") or {}).get("enabled") and (config.get("bf16") or {}).get("enabled"):
-        problems.append("fp16 and bf16 are both enabled: keep one.")
+    problems += valid.section_problems(config)  # fp16, bf16, torch_autocast; fp16's loss scaling
     clip = config.get("gradient_clipping", 0)
     if not isinstance(clip, (int, float)) or clip < 0:
         problems.append(f"gradient_clipping is {clip!r}: use 0 (off) or a positive number.")

@@ -31,6 +31,17 @@ MEANING = {
                                    "slower on GPUs.",
     "scheduler": "Learning-rate schedule: changes the optimization, not memory or communication.",
     "fp16": "fp16 mixed precision: halves parameter/activation bytes and uses tensor cores; needs loss scaling.",
+    "fp16.loss_scale": "fp16 loss scaling: 0 = dynamic (halve on overflow, grow after a clean window), a "
+                       "number = a static scale (1 = none). Too low: small gradients underflow to 0.",
+    "fp16.initial_scale_power": "Dynamic loss scaling starts at 2^this: too high costs a skipped step per "
+                                "halving at the start.",
+    "fp16.loss_scale_window": "Clean steps before the loss scale doubles: shorter finds headroom sooner, "
+                              "overflows (skipped steps) more often.",
+    "fp16.hysteresis": "Overflows tolerated before the loss scale halves (DeepSpeed's scaler only).",
+    "fp16.min_loss_scale": "The floor of the dynamic loss scale (DeepSpeed's scaler only).",
+    "torch_autocast": "torch.autocast inside DeepSpeed: weights, gradients and optimizer stay fp32, the ops "
+                      "(linears) run in bf16 or fp16; no memory saved on model states, 16-bit speed for the "
+                      "matmuls; fp16 gets torch's GradScaler at ZeRO 0. Not together with an fp16 or bf16 section.",
     "bf16": "bf16 mixed precision: halves parameter/activation bytes, fp32's range so no loss scaling.",
     "activation_checkpointing": "Recompute activations in backward: activation memory drops to one per layer "
                                 "boundary, compute rises by about a third.",

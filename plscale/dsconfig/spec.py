@@ -36,7 +36,7 @@ class DSSpec:
     initial_scale_power: int = 16        # fp16 dynamic scaling starts at 2**this
     loss_scale_window: int = 1000        # fp16: clean steps before the scale doubles
     hysteresis: int = 2                  # fp16 (ZeRO 1-3): overflows before the scale halves
-    min_loss_scale: float = 1            # fp16: the scale never goes below it
+    min_loss_scale: int = 1              # fp16 (DeepSpeed's scaler): the scale never goes below it
     micro_batch: int = 8                 # samples per rank per forward/backward
     grad_accum: int = 1                  # micro-batches per optimizer step
     world_size: int = 0                  # 0 = unknown: train_batch_size left to DeepSpeed

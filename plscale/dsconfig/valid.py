@@ -15,11 +15,20 @@ spec and the memory model use (stage, precision, offload_optimizer, offload_para
 precision is the weights': a "torch_autocast" config keeps fp32 weights (only the ops run in
 16 bits), so it reads fp32.
 
-fp16's loss scaling (DeepSpeed's fp16 section; `loss_scaling_problems`):
+fp16's loss scaling (DeepSpeed's fp16 section; `loss_scaling_problems`, DeepSpeed's defaults):
     loss_scale           0 (dynamic), or a static scale of 1 (none) or more
     initial_scale_power  dynamic scaling starts at 2^this: 0 or more (a scale below 1 shrinks
                          the gradients, so more of them underflow)
-    loss_scale_window, hysteresis  whole numbers of at least 1;  min_loss_scale above 0
+    loss_scale_window, hysteresis, min_loss_scale   whole numbers of at least 1
+
+Which path runs fp16 (`fp16_path`, by device and stage; the host's checks and the ranks ask it):
+    DeepSpeed's fp16 section   on GPUs at ZeRO 1-3: fp16 weights, fp32 master copy, its loss scaler
+    DeepSpeed's torch_autocast on CPUs (DeepSpeed's CPU accelerator has fp16 only with oneDNN fp16
+                               kernels, which laptop CPUs lack: it refuses the fp16 section), and at
+                               ZeRO 0 (DeepSpeed 0.19's engine.backward does not scale the loss its
+                               fp16 optimizer's step unscales, deepspeedai/DeepSpeed#8393)
+A config's sections together (`section_problems`): one of fp16, bf16 and torch_autocast; the
+fp16 section's loss scaling; and no fp16 section on a CPU (`fp16_section_problem`).
 """
 
 from plscale.errors import UserError
@@ -27,6 +36,9 @@ from plscale.errors import UserError
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
 AUTOCAST_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}  # DeepSpeed's torch_autocast.dtype
+LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
+                "min_loss_scale": 1}  # DeepSpeed's fp16 section: its keys and defaults
+AUTOCAST = "fp16 runs as DeepSpeed's torch_autocast: fp32 weights, fp16 ops, torch's GradScaler"
 
 
 def problems(stage, precision: str = "fp32", offload_optimizer: bool = False,
@@ -53,7 +65,7 @@ def require(stage, precision: str = "fp32", offload_optimizer: bool = False, off
         raise UserError(found[0])
 
 
-def loss_scaling_problems(loss_scale, initial_scale_power, loss_scale_window=1000, hysteresis=2,
+def loss_scaling_problems(loss_scale=0, initial_scale_power=16, loss_scale_window=1000, hysteresis=2,
                           min_loss_scale=1) -> list[str]:
     """fp16's loss scaling, each problem one line: what is wrong and the fix."""
     out, number = [], lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -76,8 +88,9 @@ def loss_scaling_problems(loss_scale, initial_scale_power, loss_scale_window=100
     for name, value in (("loss_scale_window", loss_scale_window), ("hysteresis", hysteresis)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             out.append(f"{name} {value!r}: use a whole number of steps, 1 or more.")
-    if not number(min_loss_scale) or min_loss_scale <= 0:
-        out.append(f"min_loss_scale {min_loss_scale!r}: use a scale above 0 (DeepSpeed's default 1).")
+    if not isinstance(min_loss_scale, int) or isinstance(min_loss_scale, bool) or min_loss_scale < 1:
+        out.append(f"min_loss_scale {min_loss_scale!r}: use a whole number, 1 or more (DeepSpeed's fp16 section "
+                   f"takes an integer floor for the dynamic scale; default 1).")
     return out
 
 
@@ -88,15 +101,62 @@ def require_loss_scaling(*args, **kwargs) -> None:
         raise UserError(found[0])
 
 
+def fp16_kernels(device: str) -> bool:
+    """Whether DeepSpeed's fp16 section runs on `device` ("cuda" or "cpu"). DeepSpeed's CPU
+    accelerator has it only with oneDNN fp16 kernels, which laptop CPUs lack: plscale never
+    counts on them, so the host (which cannot ask torch) and the ranks answer alike."""
+    return device != "cpu"
+
+
+def fp16_path(stage, device: str) -> tuple[bool, str]:
+    """(native, why): DeepSpeed's fp16 section where the device has fp16 kernels and ZeRO shards
+    (stage 1-3), else DeepSpeed's torch_autocast with fp16."""
+    if not fp16_kernels(device):
+        return False, (f"DeepSpeed's CPU accelerator has fp16 only with oneDNN fp16 kernels, which laptop CPUs lack "
+                       f"('Type fp16 is not supported on your device'), so {AUTOCAST}")
+    if stage == 0:
+        return False, (f"at ZeRO 0 DeepSpeed's fp16 section does not scale the loss (its engine.backward skips the "
+                       f"scaling its optimizer's step undoes: deepspeedai/DeepSpeed#8393), so {AUTOCAST}")
+    return True, f"{device} runs fp16: DeepSpeed's fp16 section (fp16 weights, fp32 master copy, its loss scaler)"
+
+
+def fp16_section_problem(config: dict, device: str) -> str | None:
+    """A config with DeepSpeed's fp16 section on a device without fp16 kernels: one line, else None."""
+    if not _enabled(config, "fp16") or fp16_kernels(device):
+        return None
+    return ("DeepSpeed's fp16 section does not run on CPU: DeepSpeed's CPU accelerator has fp16 only with oneDNN "
+            "fp16 kernels, which laptop CPUs lack (every rank would stop at 'Type fp16 is not supported on your "
+            "device'); use bf16, or lab 09's fp16 variants (plscale lab run fp16), which run fp16 as torch autocast.")
+
+
+def section_problems(config: dict) -> list[str]:
+    """The precision sections of a DeepSpeed config together, each problem one line."""
+    out = []
+    if _enabled(config, "fp16") and _enabled(config, "bf16"):
+        out.append("fp16 and bf16 are both enabled: keep one.")
+    for section in ("fp16", "bf16"):
+        if _enabled(config, "torch_autocast") and _enabled(config, section):
+            out.append(f"torch_autocast and the {section} section are both enabled: keep one (torch_autocast keeps "
+                       f"fp32 weights and runs ops in 16 bits; the {section} section makes the weights {section}).")
+    if _enabled(config, "fp16"):
+        fp16 = config["fp16"]
+        out += [f"fp16.{p}" for p in loss_scaling_problems(**{k: fp16[k] for k in LOSS_SCALING if k in fp16})]
+    return out
+
+
 def zero_settings(config: dict) -> dict:
     """stage, precision (the weights'), offload_optimizer and offload_param of a DeepSpeed config dict."""
     zero = config.get("zero_optimization") or {}
-    enabled = lambda key: bool((config.get(key) or {}).get("enabled"))  # noqa: E731
+    enabled = lambda key: _enabled(config, key)  # noqa: E731
     return {"stage": zero.get("stage", 0),
             "precision": "fp32" if enabled("torch_autocast") else  # ops in 16 bits, weights in fp32
                          "fp16" if enabled("fp16") else "bf16" if enabled("bf16") else "fp32",
             "offload_optimizer": _offloaded(zero.get("offload_optimizer")),
             "offload_param": _offloaded(zero.get("offload_param"))}
+
+
+def _enabled(config: dict, section: str) -> bool:
+    return isinstance(config.get(section), dict) and bool(config[section].get("enabled"))
 
 
 def _offloaded(section) -> bool:

@@ -10,12 +10,19 @@ bits. From e and m alone, for the IEEE-style formats:
     epsilon         2^-m                         (the gap after 1.0)
     rounding error  2^-(m+1)                     (relative, at most, for a normal value)
 
+Where a value x lands (round to nearest even), the one classification every cast is measured
+against (`flush_limit`, `max`):
+    |x| <= smallest / 2                    flushed to 0 (half the smallest subnormal ties to even: 0)
+    smallest / 2 < |x| < smallest normal   subnormal: fewer significant bits
+    |x| > largest                          beyond the largest: inf, or saturated at the largest
+
 FP8's e4m3 ("fn": finite, no inf) keeps only one bit pattern for NaN and uses the top
 exponent for numbers: its largest is 1.75 x 2^8 = 448, not 240. e5m2 is IEEE-style
 (largest 57344). Host-side and pure: `plscale estimate precision` prints the table, and the
 mixed-precision lab prints each prediction beside what casting real tensors gives.
 """
 
+import math
 from dataclasses import dataclass
 
 from plscale.errors import UserError, did_you_mean
@@ -52,6 +59,11 @@ class Format:
         return 2.0 ** (1 - self.bias - self.mantissa_bits)
 
     @property
+    def flush_limit(self) -> float:
+        """|x| at or below it rounds to 0: half the smallest subnormal."""
+        return self.min_subnormal / 2
+
+    @property
     def epsilon(self) -> float:
         return 2.0 ** -self.mantissa_bits
 
@@ -63,8 +75,6 @@ class Format:
     @property
     def binades(self) -> float:
         """Powers of two between the smallest subnormal and the largest value."""
-        import math
-
         return math.log2(self.max / self.min_subnormal)
 
 

@@ -4,20 +4,23 @@ formats' predictions (plscale.predict.formats).
     e4m3  4 exponent bits, 3 mantissa: largest 448, smallest 2^-9, rounding error 2^-4
     e5m2  5 exponent bits, 2 mantissa: largest 57344, smallest 2^-16, rounding error 2^-3
 
-Sixteen to eighteen binades: far fewer than the spread of a model's activations and
-gradients. Per-tensor scaling moves each tensor into the format: s = format max / amax(x),
-q = fp8(x s), and x is read back as q / s, so the largest entry lands on the format's largest
-value and nothing overflows; what falls below the smallest subnormal is still lost. Recipes
-use e4m3 (precision) for activations and weights, e5m2 (range) for gradients.
+About 18 binades (e4m3) or 32 (e5m2): fewer than the spread of a model's activations and
+gradients together. Per-tensor scaling moves each tensor into the format: s = format max /
+amax(x) (rounded down so that amax x s stays within max), q = fp8(x s), and x is read back as
+q / s, so the largest entry lands on the format's largest value and nothing overflows; what
+falls below the smallest subnormal is still lost. Recipes use e4m3 (precision) for
+activations and weights, e5m2 (range) for gradients.
 
-For one tensor and format, `cast` measures, beside what the format predicts from the values:
-    flushed      non-zero entries that became 0       predicted: |x s| <= smallest / 2
-    clipped      entries beyond the largest, cast to the largest or to inf (infinite: e5m2 gives
-                 inf past 57344 + half a step; torch saturates e4m3 at 448)
-                                                       predicted: |x s| > largest
+For one tensor and format, `cast` measures from the cast result q, beside what the format
+predicts from x s alone (`Format.flush_limit`, `Format.max`):
+    flushed      non-zero entries whose q is 0          predicted: |x s| <= smallest / 2
+    clipped      entries whose q is inf or NaN, or saturated at the largest from beyond it
+                 (e5m2 gives inf past 57344 + half a step; torch saturates e4m3 at 448)
+                                                        predicted: |x s| > largest
     worst error  the largest relative error of an entry in the normal range
-                                                       predicted at most: 2^-(m+1)
-    error        ||q / s - x|| / ||x|| over the tensor (inf if an entry overflowed)
+                                                        predicted at most: 2^-(m+1)
+    error        ||q / s - x|| / ||x|| of each tensor (inf if an entry overflowed); `Cast.error`
+                 is its mean over the tensors cast
 """
 
 import math
@@ -48,7 +51,7 @@ class Cast:
 
     @property
     def error(self) -> float:
-        """The tensors' relative error, averaged over tensors."""
+        """The mean over the tensors of each one's ||q / s - x|| / ||x||."""
         return self.error_sum / max(self.tensors, 1)
 
     def fractions(self) -> dict:
@@ -60,27 +63,33 @@ class Cast:
 
 
 def per_tensor_scale(x: torch.Tensor, fmt: Format) -> float:
-    """s = format max / amax(x): the largest entry lands on the format's largest value."""
-    amax = x.detach().abs().max().item()
-    return fmt.max / amax if amax > 0 else 1.0
+    """s = format max / amax(x), in fp32 and rounded down until amax x s <= max: the largest
+    entry lands on the format's largest value, not a hair beyond it."""
+    amax = x.detach().abs().max().float()
+    if amax == 0:
+        return 1.0
+    s = torch.tensor(fmt.max, dtype=torch.float32, device=amax.device) / amax
+    while amax * s > fmt.max:
+        s = torch.nextafter(s, torch.zeros_like(s))
+    return s.item()
 
 
 def cast(x: torch.Tensor, fmt: Format, scaled: bool) -> Cast:
     """Cast one tensor to `fmt` (with per-tensor scaling or not) and measure what was lost."""
     x = x.detach().float().flatten()
     s = per_tensor_scale(x, fmt) if scaled else 1.0
-    y = (x * s).clamp(-fmt.max, fmt.max) if scaled else x  # amax x s may round a hair above max
+    y = x * s                                   # what the format is asked to hold
     q = y.to(getattr(torch, fmt.torch_name)).float()
     nonzero, size = x != 0, y.abs()
-    normal = nonzero & (size >= fmt.min_normal) & (size <= fmt.max)
+    beyond = size > fmt.max
+    normal = nonzero & (size >= fmt.min_normal) & ~beyond
     relative = ((q - y).abs() / size)[normal]
-    back = q / s
-    error = ((back - x).norm() / x.norm()).item() if x.norm() > 0 else 0.0
+    error = ((q / s - x).norm() / x.norm()).item() if x.norm() > 0 else 0.0
+    lost_top = ~q.isfinite() | ((q.abs() == fmt.max) & beyond)  # from q: inf/NaN, or saturated from beyond
     return Cast(entries=int(nonzero.sum()), flushed=int((nonzero & (q == 0)).sum()),
-                flushed_predicted=int((nonzero & (size <= fmt.min_subnormal / 2)).sum()),
-                clipped=int(((size > fmt.max) & ((q.abs() == fmt.max) | ~q.isfinite())).sum()),
-                clipped_predicted=int((size > fmt.max).sum()), infinite=int((~q.isfinite()).sum()),
-                normal=int(normal.sum()),
+                flushed_predicted=int((nonzero & (size <= fmt.flush_limit)).sum()),
+                clipped=int((nonzero & lost_top).sum()), clipped_predicted=int(beyond.sum()),
+                infinite=int((~q.isfinite()).sum()), normal=int(normal.sum()),
                 worst_error=relative.max().item() if relative.numel() else 0.0,
                 error_sum=float("inf") if math.isnan(error) else error, tensors=1)
 

@@ -9,19 +9,22 @@ gradients by S (in fp32) before the step. Dynamic scaling looks for S:
     an inf or NaN in the gradients (overflow)   skip the step, S = S / 2
     loss_scale_window clean steps in a row       S = 2 S
 
-Two paths run it, picked by asking the accelerator and the ZeRO stage (`fp16_path`):
+Two paths run it, picked by the device and the ZeRO stage (plscale.dsconfig.valid.fp16_path):
     DeepSpeed's "fp16" section   fp16 weights, fp32 master copy, DeepSpeed's DynamicLossScaler:
-                                 where the accelerator has fp16 kernels, at ZeRO 1-3. (At ZeRO 0,
-                                 DeepSpeed 0.19's engine.backward does not scale the loss that its
-                                 fp16 optimizer's step unscales, deepspeedai/DeepSpeed#8393.)
-    DeepSpeed's "torch_autocast" fp32 weights, ops in fp16, torch.amp.GradScaler: at ZeRO 0, and
-                                 on a CPU without fp16 kernels, where DeepSpeed refuses its fp16
-                                 section. DeepSpeed makes the GradScaler with torch's defaults;
-                                 `configure` replaces it with one that follows the spec.
+                                 on GPUs at ZeRO 1-3. (At ZeRO 0, DeepSpeed 0.19's engine.backward
+                                 does not scale the loss that its fp16 optimizer's step unscales,
+                                 deepspeedai/DeepSpeed#8393.)
+    DeepSpeed's "torch_autocast" fp32 weights, ops in fp16, torch.amp.GradScaler: at ZeRO 0, and on
+                                 CPUs, where DeepSpeed refuses its fp16 section. DeepSpeed makes the
+                                 GradScaler with torch's defaults; `configure` replaces it with one
+                                 that follows the spec, `grad_scaler_settings` says what ran.
 `ScalerLog` reads both the same way. The two differ in small ways: DeepSpeed grows the scale
 after window + 1 clean steps, the GradScaler after window; hysteresis (ZeRO 1-3) and
 min_loss_scale are DeepSpeed's only; "no scaling" (loss_scale 1) in DeepSpeed still skips a
 step that overflows, with no GradScaler nothing is checked.
+
+DeepSpeed keeps torch_autocast's state in module globals that it never resets: call
+`forget_autocast(config)` before each deepspeed.initialize of a process that builds several engines.
 """
 
 import contextlib
@@ -35,20 +38,16 @@ from plscale.predict.formats import FORMATS
 FP16 = FORMATS["fp16"]
 
 
-def fp16_path(stage: int) -> tuple[bool, str]:
-    """(native, why): DeepSpeed's fp16 section where the accelerator has fp16 kernels and ZeRO
-    shards (stage 1-3), else DeepSpeed's torch_autocast with fp16."""
-    from deepspeed.accelerator import get_accelerator
+def forget_autocast(config: dict) -> None:
+    """Before deepspeed.initialize(config=config): for a config without torch_autocast, clear what
+    an earlier torch_autocast engine of this process left in DeepSpeed. DeepSpeed 0.19 keeps it in
+    module globals (deepspeed.runtime.torch_autocast.TORCH_AUTOCAST_INITIALIZED and _DTYPE) and
+    never resets them; its ZeRO 1-3 optimizers read them when built, so a later engine would get an
+    fp16 GradScaler that is never updated (`configure` refuses such an engine)."""
+    from deepspeed.runtime import torch_autocast
 
-    accelerator = get_accelerator()
-    name = accelerator.device_name()
-    autocast = "fp16 runs as DeepSpeed's torch_autocast: fp32 weights, fp16 ops, torch's GradScaler"
-    if not accelerator.is_fp16_supported():
-        return False, f"{name} has no fp16 kernels (DeepSpeed: 'Type fp16 is not supported on your device'), so {autocast}"
-    if stage == 0:
-        return False, (f"at ZeRO 0 DeepSpeed's fp16 section does not scale the loss (its engine.backward skips the "
-                       f"scaling its optimizer's step undoes: deepspeedai/DeepSpeed#8393), so {autocast}")
-    return True, f"{name} runs fp16: DeepSpeed's fp16 section (fp16 weights, fp32 master copy, its loss scaler)"
+    if not (config.get("torch_autocast") or {}).get("enabled"):
+        torch_autocast.TORCH_AUTOCAST_INITIALIZED, torch_autocast.TORCH_AUTOCAST_DTYPE = False, None
 
 
 def grad_scaler(spec, device: str = "cpu"):
@@ -66,9 +65,25 @@ def configure(engine, spec) -> None:
     """On the torch_autocast path at ZeRO 0, give the engine the GradScaler the spec asks for
     (DeepSpeed made one with torch's defaults); on the others there is nothing to do. (At ZeRO
     1-2 DeepSpeed 0.19 keeps a GradScaler in its ZeRO optimizer and never updates it: the scale
-    stays where it starts, every step after an overflow is skipped; the lab refuses that path.)"""
+    stays where it starts, every step after an overflow is skipped; the lab refuses that path.)
+    An engine without torch_autocast that still got a ZeRO GradScaler is refused: see `forget_autocast`."""
+    if getattr(engine.optimizer, "torch_autocast_gradscaler", None) is not None and not engine.torch_autocast_enabled():
+        raise RuntimeError("This engine has no torch_autocast section, yet its ZeRO optimizer made torch_autocast's "
+                           "GradScaler: an earlier torch_autocast engine in this process left DeepSpeed's "
+                           "TORCH_AUTOCAST_INITIALIZED set. Call plscale.rank.loss_scaling.forget_autocast(config) "
+                           "before deepspeed.initialize.")
     if engine.torch_autocast_z0_gradscaler is not None:
         engine.torch_autocast_z0_gradscaler = grad_scaler(spec, engine.device.type)
+
+
+def grad_scaler_settings(engine) -> dict | None:
+    """The settings of the GradScaler the engine runs (the torch_autocast path at ZeRO 0), as
+    torch reports them before the first step; None where none runs."""
+    scaler = engine.torch_autocast_z0_gradscaler
+    if scaler is None:
+        return None
+    return {"init_scale": scaler.get_scale(), "growth_factor": scaler.get_growth_factor(),
+            "backoff_factor": scaler.get_backoff_factor(), "growth_interval": scaler.get_growth_interval()}
 
 
 @dataclass
@@ -174,8 +189,8 @@ def predicted_underflow(grads32: dict, scale: float) -> Underflow:
     times the loss scale, would fall in fp16."""
     def count(g):
         x = g[g != 0].double().abs() * scale
-        return (x.numel(), (x <= FP16.min_subnormal / 2).sum().item(),
-                ((x > FP16.min_subnormal / 2) & (x < FP16.min_normal)).sum().item(), (x > FP16.max).sum().item())
+        return (x.numel(), (x <= FP16.flush_limit).sum().item(),
+                ((x > FP16.flush_limit) & (x < FP16.min_normal)).sum().item(), (x > FP16.max).sum().item())
     return _fractions([count(g.float()) for g in grads32.values()])
 
 

@@ -2,6 +2,9 @@
 
     defaults (lab.yaml) -> variant overrides -> --set k=v, --steps N -> check.py -> DeepSpeed config
 
+The DeepSpeed config, generated or a user's --ds-config, is checked against the topology's device
+too: DeepSpeed's fp16 section does not run on CPUs (plscale.dsconfig.valid.fp16_section_problem).
+
 A lab that splits the model states its degrees in `settings.parallel` ({tp, pp, cp, ep}; absent
 means pure data parallelism): its ranks build their process groups from them
 (`Mesh.build(**settings["parallel"])`), and the DeepSpeed batch counts data-parallel ranks
@@ -13,9 +16,11 @@ only, world / (tp x pp x cp). A degree given as `world` takes every rank of the 
 (`deepspeed`/`torchrun` on the script) each rank does the same, with the same code.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from plscale.dsconfig.check import check as check_config, load
+from plscale.dsconfig import valid
+from plscale.dsconfig.check import check as check_config
+from plscale.dsconfig.check import load
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.errors import UserError, did_you_mean
 from plscale.mesh import Layout
@@ -25,9 +30,11 @@ from plscale.run.settings import flatten, resolve
 
 @dataclass
 class Topology:
-    """What the lab's checks may ask of the launch: how many ranks, on which device."""
+    """What the lab's checks may ask of the launch: how many ranks, on which device, running
+    which of the lab's scripts."""
     world_size: int
-    device: str  # "cuda" or "cpu"
+    device: str      # "cuda" or "cpu"
+    entry: str = ""  # the script the variant's ranks run ("precision.py"); resolve_run fills it in
 
 
 @dataclass
@@ -58,8 +65,9 @@ def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None
     if settings.get("parallel"):
         settings["parallel"] = {k: topology.world_size if v == "world" else v for k, v in settings["parallel"].items()}
     layout = layout_of(settings, topology.world_size)
-    lab.check_settings(settings, topology)
-    return Resolved(lab, variant, settings, _ds_config(settings, layout, ds_config_file), ds_config_file)
+    lab.check_settings(settings, replace(topology, entry=lab.entry_of(variant).name))
+    return Resolved(lab, variant, settings, _ds_config(settings, layout, topology.device, ds_config_file),
+                    ds_config_file)
 
 
 def layout_of(settings: dict, world: int) -> Layout:
@@ -76,14 +84,19 @@ def layout_of(settings: dict, world: int) -> Layout:
         raise UserError(f"{names} on {world} rank{'s' * (world != 1)}: {exc}") from None
 
 
-def _ds_config(settings: dict, layout: Layout, path: str | None) -> dict:
-    """The run's DeepSpeed config: a user's file (checked) or the one built from settings.
-    Its batch counts data-parallel ranks: train_batch_size = micro x accumulation x dp."""
+def _ds_config(settings: dict, layout: Layout, device: str, path: str | None) -> dict:
+    """The run's DeepSpeed config: a user's file (checked) or the one built from settings, either
+    one runnable on `device`. Its batch counts data-parallel ranks: train_batch_size = micro x
+    accumulation x dp."""
     dp, label = layout.dp, "world size" if layout.dp == layout.world else "data-parallel size"
     if path:
         config = load(path)
         problems = check_config(config, dp, label)
         if problems:
             raise UserError(f"{path}: " + " | ".join(problems))
-        return config
-    return build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": dp}))
+    else:
+        config = build(DSSpec.from_dict({**settings.get("ds", {}), "world_size": dp}))
+    problem = valid.fp16_section_problem(config, device)
+    if problem:
+        raise UserError(f"{path}: {problem}" if path else f"ds.precision fp16: {problem}")
+    return config
