@@ -121,7 +121,7 @@ def test_expert_params_split_the_experts_replicate_the_rest():
 # ---- memory: activations at s/cp -------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra", [dict(), dict(tp=2, sp=True), dict(recompute="full"), dict(recompute="selective"),
-                                   dict(precision="fp32")])
+                                   dict(recompute="deepspeed", precision="fp32"), dict(precision="fp32")])
 def test_cp_activations_are_the_dense_estimate_at_s_over_cp(extra):
     base = Setup(params=param_count(SMALL), model=SMALL, seq=128, micro_batch=2, **extra)
     for cp in (2, 4):

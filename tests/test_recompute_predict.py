@@ -4,19 +4,25 @@ step; the FLOPs it costs, `plscale estimate memory --recompute` and `plscale est
 against torch.finfo."""
 
 import json
-import socket
 from dataclasses import replace
 from functools import cache
 
 import pytest
 import torch
-import torch.distributed as dist
-
 from conftest import run_cli
+from test_recompute import one_rank_group  # noqa: F401  (a fixture: a 1-rank group for DeepSpeed's checkpointing)
+
 from plscale.errors import UserError
 from plscale.predict import recompute as rc
-from plscale.predict.activations import (activation_bytes, head_activation_bytes, layer_activation_bytes,
-                                         layer_input_bytes, layer_kept_bytes, layer_parts, rebuilt_bytes)
+from plscale.predict.activations import (
+    activation_bytes,
+    head_activation_bytes,
+    layer_activation_bytes,
+    layer_input_bytes,
+    layer_kept_bytes,
+    layer_parts,
+    rebuilt_bytes,
+)
 from plscale.predict.formats import FORMATS
 from plscale.predict.memory import Setup, estimate
 from plscale.predict.presets import PRESETS, flops_per_token, layer_params
@@ -31,14 +37,16 @@ CPU = torch.device("cpu")
 # What the math core's rerun holds beyond rebuilt_bytes, in every case: its scale d^-0.5, a 0-dim
 # fp64 tensor `q * scale` saves for backward (the forward's census leaves it out too)
 SCALE = 8
+# What DeepSpeed's CheckpointFunction keeps a layer beyond the model on CPU: the RNG states it restores
+# for the rerun, torch's and the accelerator's, both the CPU generator's there (5,056 bytes each). On
+# a GPU both are host tensors: no device memory, so the model leaves them out (activations' doc).
+DEEPSPEED_RNG_STATES = 2 * torch.get_rng_state().numel()
 
 
 # ---- one recorded step: kept at the end of the forward, held at the end of each rerun ------------
 
 def setup_of(config, strategy: str, precision: str) -> Setup:
-    """DeepSpeed's checkpointing is predicted as full recomputation (module doc of activations)."""
-    return Setup(params=1, model=config, seq=SEQ, micro_batch=BATCH, precision=precision,
-                 recompute="full" if strategy == "deepspeed" else strategy)
+    return Setup(params=1, model=config, seq=SEQ, micro_batch=BATCH, precision=precision, recompute=strategy)
 
 
 @cache
@@ -63,7 +71,7 @@ def measured(config, strategy: str, precision: str) -> tuple[int, tuple[int, ...
 
 
 CASES = [(TINY, core, strategy, precision) for precision in DTYPES for core in ("fused", "math")
-         for strategy in ("none", "selective", "full")]
+         for strategy in ("none", "selective", "full", "deepspeed")]
 CASES += [(TINY_GQA, core, strategy, "fp32") for core in ("fused", "math") for strategy in ("none", "selective", "full")]
 IDS = [f"{'gqa-' if c.kv_heads < c.heads else ''}{a}-{s}-{p}" for c, a, s, p in CASES]
 SMALL_GQA = replace(PRESETS["small"], kv_heads=2)  # h 256, a 4, h_kv 128, f 704, L 4: the lab's shape
@@ -71,63 +79,45 @@ SHAPES = [(SMALL_GQA, "math", "selective", "bf16"), (SMALL_GQA, "fused", "full",
           (SMALL_GQA, "math", "full", "fp32")]
 
 
-@pytest.mark.parametrize("config,core,strategy,precision", CASES, ids=IDS)
-def test_kept_activations_match_the_allocator_to_the_rope_tables(config, core, strategy, precision):
-    """Measured minus predicted is the same few KiB for every strategy: RoPE's cos and sin
-    (s x d/2 fp32 each), the targets' copy and the loss; every activation byte is predicted."""
+@pytest.fixture
+def case(request):
+    """The case's measurement, under a process group when DeepSpeed's checkpointing runs it."""
+    config, core, strategy, precision = request.param
+    if strategy == "deepspeed":
+        request.getfixturevalue("one_rank_group")
     config = replace(config, attention=core)
-    kept, _ = measured(config, strategy, precision)
+    return config, strategy, precision, measured(config, strategy, precision)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS, indirect=True)
+def test_kept_activations_match_the_allocator_to_the_rope_tables(case):
+    """Measured minus predicted is the same few KiB for every strategy: RoPE's cos and sin
+    (s x d/2 fp32 each), the targets' copy and the loss, and DeepSpeed's RNG states on CPU;
+    every activation byte is predicted."""
+    config, strategy, precision, (kept, _) = case
     predicted = activation_bytes(setup_of(config, strategy, precision))
     rope, targets = 2 * SEQ * config.head_dim // 2 * 4, BATCH * SEQ * 8
-    assert rope + targets <= kept - predicted <= rope + targets + 32
-    assert kept - predicted < 0.01 * predicted
+    rng = config.layers * DEEPSPEED_RNG_STATES if strategy == "deepspeed" else 0
+    assert rope + targets <= kept - rng - predicted <= rope + targets + 32
+    assert kept - rng - predicted < 0.01 * predicted
 
 
-@pytest.mark.parametrize("config,core,strategy,precision", CASES + SHAPES,
-                         ids=IDS + [f"small-gqa-{a}-{s}-{p}" for _, a, s, p in SHAPES])
-def test_rebuilt_matches_what_each_rerun_holds_at_its_end(config, core, strategy, precision):
+@pytest.mark.parametrize("case", CASES + SHAPES, ids=IDS + [f"small-gqa-{a}-{s}-{p}" for _, a, s, p in SHAPES],
+                         indirect=True)
+def test_rebuilt_matches_what_each_rerun_holds_at_its_end(case):
     """Every recomputed layer's rerun holds rebuilt_bytes exactly, but for the math core's scale:
     selective the core's (fused: output and log-sum-exp; math: probabilities, scaled q, v and, under
     GQA, k copies, the causal mask), full the layer's saved tensors less its input (fp32) or plus
-    the residual its frame still names (bf16)."""
-    config = replace(config, attention=core)
-    _, rebuilt = measured(config, strategy, precision)
-    extra = SCALE if core == "math" and strategy != "none" else 0
+    the residual its frame still names (bf16), deepspeed's the layer's output in place of either."""
+    config, strategy, precision, (_, rebuilt) = case
+    extra = SCALE if config.attention == "math" and strategy != "none" else 0
     assert [held - rebuilt_bytes(setup_of(config, strategy, precision)) for held in rebuilt] == [extra] * config.layers
 
 
-@pytest.fixture
-def one_rank_group(monkeypatch):
-    """A 1-rank gloo group in this process, for deepspeed.checkpointing.configure (it asks the rank)."""
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    import deepspeed
-
-    from plscale.rank.distributed import _skip_shm_build
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        _skip_shm_build()
-        deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # wraps the group, sets no env
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("core", ["fused", "math"])
-def test_deepspeed_rerun_holds_the_layer_output_more_in_fp32(one_rank_group, core):
-    """DeepSpeed's CheckpointFunction (reentrant) reruns the layer to its end: it also holds the
-    layer's output, s*b*h*e. In fp32 that is one h per token over torch's rebuild; in bf16 torch's
-    rerun holds the residual instead, as much: the two agree."""
-    config = replace(TINY, attention=core)
-    extra = SCALE if core == "math" else 0
-    for precision in DTYPES:
-        _, rebuilt = measured(config, "deepspeed", precision)
-        s = setup_of(config, "deepspeed", precision)
-        output = layer_input_bytes(s) if precision == "fp32" else 0
-        assert [held - rebuilt_bytes(s) for held in rebuilt] == [output + extra] * config.layers, precision
+def test_selective_drops_exactly_the_probabilities():
+    config = replace(TINY, attention="math")
+    (none, _), (selective, _) = (measured(config, s, "fp32") for s in ("none", "selective"))
+    assert none - selective == config.layers * BATCH * config.heads * SEQ * SEQ * 4
 
 
 def test_parts_of_a_layer_and_what_each_strategy_keeps():
@@ -150,18 +140,26 @@ def test_parts_of_a_layer_and_what_each_strategy_keeps():
     assert rebuilt_bytes(replace(s, recompute="full")) == layer_activation_bytes(s) + sb * h * e
     fp32 = replace(s, precision="fp32", recompute="full", recompute_layers=1)
     assert rebuilt_bytes(fp32) == layer_activation_bytes(fp32) - sb * h * 4
-    # and the peak's formula says so
+    # DeepSpeed's: what full keeps; its rerun runs on to the layer's output: fp32, all the layer
+    # saves (one h over torch's); bf16, all it saves and the output (as much as torch's)
+    deepspeed = replace(fp32, recompute="deepspeed")
+    assert activation_bytes(deepspeed) == activation_bytes(fp32)
+    assert rebuilt_bytes(deepspeed) == layer_activation_bytes(fp32) == rebuilt_bytes(fp32) + sb * h * 4
+    assert rebuilt_bytes(replace(s, recompute="deepspeed")) == rebuilt_bytes(replace(s, recompute="full"))
+    # and the term's formula says so
     assert "one core rebuilt [a·s·sbp + 2sbhp] + s²p + head" in estimate(replace(s, recompute="selective")).term(
         "activations").formula
     assert "one layer rebuilt ([" in estimate(fp32).term("activations").formula
     assert estimate(fp32).term("activations").formula.endswith("] - sbhp) + head")
+    assert estimate(deepspeed).term("activations").formula.startswith("1·sbhp + (L-1)·layer + one layer rebuilt [")
+    assert estimate(replace(deepspeed, precision="bf16")).term("activations").formula.endswith("] + sbhp) + head")
 
 
 def test_strategies_order_and_the_peak_adds_what_backward_rebuilds():
     """7b's shape, math core, seq 4096: the probabilities (a x s a token) dwarf the rest."""
     base = Setup(params=1, model=replace(PRESETS["7b"], attention="math"), seq=4096)
-    kept = {r: activation_bytes(replace(base, recompute=r)) for r in ("none", "selective", "full")}
-    assert kept["full"] < kept["selective"] < kept["none"]
+    kept = {r: activation_bytes(replace(base, recompute=r)) for r in ("none", "selective", "full", "deepspeed")}
+    assert kept["full"] == kept["deepspeed"] < kept["selective"] < kept["none"]
     assert kept["selective"] < kept["none"] / 2                       # the probabilities are most of it
     for r in kept:
         s = replace(base, recompute=r)
@@ -171,7 +169,7 @@ def test_strategies_order_and_the_peak_adds_what_backward_rebuilds():
 def test_recompute_layers_interpolates_between_none_and_all():
     base = Setup(params=1, model=PRESETS["small"], seq=128, micro_batch=2)
     none, L = activation_bytes(base), PRESETS["small"].layers
-    for strategy in ("selective", "full"):
+    for strategy in ("selective", "full", "deepspeed"):
         every = activation_bytes(replace(base, recompute=strategy))
         saved = (none - every) / L
         for k in range(1, L + 1):
@@ -184,10 +182,11 @@ def test_recompute_layers_interpolates_between_none_and_all():
 
 
 @pytest.mark.parametrize("change,message", [
-    (dict(recompute="fulll"), "recompute 'fulll': use none, selective, full. Did you mean: full?"),
-    (dict(recompute=True), "recompute True: use none, selective, full."),
+    (dict(recompute="fulll"), "recompute 'fulll': use none, selective, full, deepspeed. Did you mean: full?"),
+    (dict(recompute=True), "recompute True: use none, selective, full, deepspeed."),
     (dict(recompute="full", recompute_layers=9), "recompute_layers 9: the model has 4 layers"),
-    (dict(recompute_layers=2), "recompute_layers 2 with recompute none"),
+    (dict(recompute="full", recompute_layers=1.5), "recompute_layers 1.5: the model has 4 layers"),
+    (dict(recompute_layers=2), "recompute_layers 2 with recompute none: pick one of selective, full, deepspeed"),
     (dict(model=replace(PRESETS["small"], attention="flash")), "attention 'flash': use fused"),
 ])
 def test_setup_rejects_bad_recomputation(change, message):
@@ -209,6 +208,7 @@ def test_step_flops_split_and_time_ratio_by_hand():
     assert rc.time_ratio(c, s, "selective") == (3 * forward + c.layers * 4 * s * c.hidden) / (3 * forward)
     assert rc.time_ratio(c, s, "full", layers=1) - 1 == pytest.approx((rc.time_ratio(c, s, "full") - 1) / 2)
     assert rc.time_ratio(c, s, "none") == 1.0
+    assert rc.time_ratio(c, s, "deepspeed", layers=1) == rc.time_ratio(c, s, "full", layers=1)  # the same rerun
     assert rc.time_ratio(PRESETS["7b"], 4096, "full") == pytest.approx(1.33, abs=0.005)
     assert 1 < rc.time_ratio(PRESETS["7b"], 4096, "selective") < 1.05
     with pytest.raises(UserError, match="recompute_layers 3: the model has 2 layers"):
@@ -218,7 +218,7 @@ def test_step_flops_split_and_time_ratio_by_hand():
 # ---- the CLI -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args,message", [
-    (["--recompute", "fulll"], "--recompute 'fulll': use none, selective, full. Did you mean: full?"),
+    (["--recompute", "fulll"], "--recompute 'fulll': use none, selective, full, deepspeed. Did you mean: full?"),
     (["--model", "small", "--recompute", "full", "--recompute-layers", "9"],
      "--recompute-layers 9: the model has 4 layers; use 0 (every layer) to 4."),
     (["--recompute-layers", "2"], "--recompute-layers 2 with --recompute none"),
@@ -231,10 +231,10 @@ def test_cli_bad_recomputation_is_one_line_exit_2(args, message):
 
 
 def test_cli_recompute_prints_its_flops_and_json_carries_them():
-    out = run_cli("estimate", "memory", "--model", "7b", "--seq", "4096", "--recompute", "full")
+    out = run_cli("estimate", "memory", "--model", "7b", "--seq", "4096", "--recompute", "deepspeed")
     assert out.returncode == 0, out.stderr
-    assert f"step time x{rc.time_ratio(PRESETS['7b'], 4096, 'full'):.3f} by FLOPs" in out.stdout
-    assert "recompute full" in out.stdout and "one layer rebuilt" in out.stdout
+    assert f"step time x{rc.time_ratio(PRESETS['7b'], 4096, 'full'):.3f} by FLOPs" in out.stdout  # full's rerun
+    assert "recompute deepspeed" in out.stdout and "one layer rebuilt" in out.stdout
     out = run_cli("estimate", "memory", "--model", "small", "--seq", "128", "--attention", "math", "--recompute",
                   "selective", "--recompute-layers", "2", "--json")
     got, config = json.loads(out.stdout), replace(PRESETS["small"], attention="math")

@@ -7,8 +7,13 @@ import pytest
 from plscale.errors import UserError
 from plscale.predict.memory import Setup, estimate
 from plscale.predict.presets import PRESETS, param_count
-from plscale.predict.tensor_parallel import (check_divisible, collectives, megatron_paper_count, params_per_rank,
-                                             totals)
+from plscale.predict.tensor_parallel import (
+    check_divisible,
+    collectives,
+    megatron_paper_count,
+    params_per_rank,
+    totals,
+)
 
 SMALL = PRESETS["small"]   # V 8192, h 256, L 4, 4 heads, 4 kv heads, f 704, tied
 
@@ -123,6 +128,9 @@ def test_activations_under_tp_and_sp_by_hand():
     # holds one layer less its input (fp32: the first norm saves the kept input itself)
     recompute = estimate(Setup(**base, sp=True, recompute="full")).term("activations").device
     assert recompute == 4 * sb * h * e / t + sp_layer - sb * h * e / t + sp_head
+    # DeepSpeed's rerun runs on to the layer's output (h/t under sp): the whole layer
+    deepspeed = estimate(Setup(**base, sp=True, recompute="deepspeed")).term("activations").device
+    assert deepspeed == 4 * sb * h * e / t + sp_layer + sp_head
 
 
 # ---- `plscale estimate tp` --------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """Host-side checks of the recomputation and mixed-precision lab's settings (no torch): fail in
 one line before launch."""
 
-from plscale.dsconfig.valid import loss_scaling_problems
+from plscale.dsconfig.valid import LOSS_SCALING, fp16_path, loss_scaling_problems
 from plscale.errors import UserError, did_you_mean
+from plscale.predict.activations import STRATEGIES, check_layers, check_strategy
 from plscale.predict.formats import number_format
 from plscale.predict.presets import preset
 
-STRATEGIES = ("none", "selective", "full", "deepspeed")  # plscale.rank.recompute.STRATEGIES (host side: no torch)
 MAX_SEQ = 2048
 RUNS = ("fp32", "bf16", "fp16", "fp16-unscaled")  # precision.py's runs; fp16-unscaled: no loss scaling
 
@@ -33,22 +33,22 @@ def _check_recompute(opts: dict, config, name: str) -> None:
     if not isinstance(strategies, list) or not strategies:
         raise UserError(f"recompute.strategies {strategies!r}: give a list of strategies, one or more of "
                         f"{', '.join(STRATEGIES)}.")
-    for strategy in strategies:
-        if strategy not in STRATEGIES:
-            hint = did_you_mean(str(strategy), STRATEGIES)
-            raise UserError(f"recompute.strategies: unknown strategy {strategy!r}.{hint} "
-                            f"Choose from {', '.join(STRATEGIES)}.")
+    for strategy in strategies:  # the memory model's strategies and layer rules (plscale.predict.activations)
+        check_strategy(strategy, "recompute.strategies: strategy")
     if len(set(strategies)) < len(strategies):
         raise UserError(f"recompute.strategies {strategies}: name each strategy once.")
-    if not isinstance(layers, int) or isinstance(layers, bool) or not 0 <= layers <= config.layers:
-        raise UserError(f"recompute.layers {layers!r}: preset {name} has {config.layers} layers; use 1 to "
-                        f"{config.layers} to recompute the first k, or 0 for every layer.")
+    check_layers(layers, config.layers, "recompute.layers", f"preset {name}")
     if not isinstance(opts["record_step"], int) or opts["record_step"] < 0:
         raise UserError(f"recompute.record_step {opts['record_step']!r}: use a step number, 0 or more "
                         f"(the last step is used if the run is shorter).")
 
 
 def _check_precision(settings: dict, topology) -> None:
+    """precision.py's settings, for its variants; fp8.py's formats, for its variant."""
+    if topology.entry == "fp8.py":
+        _check_fp8(settings["fp8"]["formats"])
+    if topology.entry != "precision.py":
+        return
     runs, fp16 = settings["precision"]["runs"], settings["fp16"]
     if not isinstance(runs, list) or not runs:
         raise UserError(f"precision.runs {runs!r}: give a list, e.g. [fp32, bf16, fp16] (choices: {', '.join(RUNS)}).")
@@ -59,12 +59,11 @@ def _check_precision(settings: dict, topology) -> None:
                             f"fp32, bf16, fp16 and fp16-unscaled (fp16 with no loss scaling){fp8}.")
     if len(set(runs)) < len(runs):
         raise UserError(f"precision.runs {runs}: name each precision once.")
-    problems = loss_scaling_problems(fp16["loss_scale"], fp16["initial_scale_power"], fp16["loss_scale_window"],
-                                     fp16["hysteresis"])
+    problems = loss_scaling_problems(**{k: fp16[k] for k in LOSS_SCALING})
     if problems:
         raise UserError(f"fp16.{problems[0]}")
-    autocast = topology.device == "cpu" or settings["ds"]["stage"] == 0  # plscale.rank.loss_scaling.fp16_path
-    if autocast and any(run.startswith("fp16") for run in runs):
+    native, _ = fp16_path(settings["ds"]["stage"], topology.device)
+    if not native and any(run.startswith("fp16") for run in runs):  # torch_autocast: torch's GradScaler
         where = "on CPU" if topology.device == "cpu" else "at ZeRO 0"
         if fp16["loss_scale"] not in (0, 1):
             raise UserError(f"fp16.loss_scale {fp16['loss_scale']:g}: {where} fp16 runs under torch's GradScaler, "
@@ -73,6 +72,9 @@ def _check_precision(settings: dict, topology) -> None:
         if fp16["hysteresis"] != 1:
             raise UserError(f"fp16.hysteresis {fp16['hysteresis']}: {where} fp16 runs under torch's GradScaler, which "
                             f"halves the scale on every overflow; use 1 (hysteresis is DeepSpeed's, at ZeRO 1-2 on GPUs).")
+        if fp16["min_loss_scale"] != 1:
+            raise UserError(f"fp16.min_loss_scale {fp16['min_loss_scale']}: {where} fp16 runs under torch's GradScaler, "
+                            f"which has no floor; use 1 (a floor is DeepSpeed's, at ZeRO 1-2 on GPUs).")
         if topology.device == "cpu" and settings["ds"]["stage"] != 0:
             raise UserError(f"ds.stage {settings['ds']['stage']}: on CPU fp16 runs as DeepSpeed's torch_autocast, whose "
                             f"loss scale works at ZeRO 0 only (at ZeRO 1-2 DeepSpeed never updates it); use "
@@ -80,7 +82,9 @@ def _check_precision(settings: dict, topology) -> None:
     tolerance = settings["precision"]["underflow_tolerance"]
     if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
         raise UserError(f"precision.underflow_tolerance {tolerance!r}: use a fraction such as 0.01.")
-    formats = settings["fp8"]["formats"]
+
+
+def _check_fp8(formats) -> None:
     if not isinstance(formats, list) or not formats:
         raise UserError(f"fp8.formats {formats!r}: give a list of formats, e.g. [e4m3, e5m2].")
     for name in formats:

@@ -33,13 +33,14 @@ import torch
 import torch.distributed as dist
 
 from plscale import plots
-from plscale.predict import memory, recompute as predict
-from plscale.predict.activations import NORM_BYTES, element_bytes, layer_input_bytes
+from plscale.predict import memory
+from plscale.predict import recompute as predict
 from plscale.predict.presets import preset
 from plscale.rank import allocations, recompute, runtime
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.reference import largest_gap
 
 MiB = 2**20
 ctx = runtime.start(__file__)
@@ -58,18 +59,16 @@ ctx.log(f"data: {corpus.source}\nmodel: '{S['model']['preset']}', {config.layers
         f"attention core, seq {seq}; recomputing {f'the first {k}' if k else 'every'} layer of {config.layers}")
 
 # ---- What each strategy should keep: the memory model, asked about this run ------------------
-# DeepSpeed's checkpointing rebuilds whole layers, as full does: its predictions are full's.
 base = memory.setup_from_ds_config(ds, N, config, seq)
 
 
-def modelled(strategy: str) -> tuple[str, int]:
-    """The strategy and layer count the prediction modules know this strategy as."""
-    return ("full", k) if strategy == "deepspeed" else (strategy, k if strategy != "none" else 0)
+def layers_of(strategy: str) -> int:
+    """The layers a strategy is asked to recompute: the first k, none without recomputation."""
+    return 0 if strategy == "none" else k
 
 
 def setup_of(strategy: str) -> memory.Setup:
-    as_, layers = modelled(strategy)
-    return replace(base, recompute=as_, recompute_layers=layers)
+    return replace(base, recompute=strategy, recompute_layers=layers_of(strategy))
 
 
 # ---- Training: every strategy from the same initial weights, on the same batches -------------
@@ -79,7 +78,7 @@ engines = {}
 for strategy in strategies:
     model = Llama(config)
     model.load_state_dict(initial)
-    recompute.apply(model, strategy, k, ds)
+    recompute.apply(model, strategy, layers_of(strategy), ds)
     engines[strategy], *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
 
 
@@ -152,12 +151,6 @@ if ctx.is_main:
                            round(want / MiB, 3), "the largest rerun's allocations, held at its end; rank 0"),
                     figure(f"{strategy}: peak of the step above its start", round(peak / MiB, 3), "MiB", None,
                            "activations, gradients and the head's transients; rank 0")]
-    if "deepspeed" in strategies:  # predicted as torch's checkpoint: the known difference, in words
-        output = layer_input_bytes(setup_of("deepspeed"))
-        ctx.log(f"  deepspeed's CheckpointFunction reruns each layer to its end and holds its output too, s·b·h·p = "
-                f"{output / MiB:.2f} MiB: " + ("that much over torch's checkpoint (the prediction), whose rerun stops "
-                                               "before the output" if element_bytes(base.precision) == NORM_BYTES
-                                               else "as much as torch's rerun holds of the residual at 16 bits"))
 
 # ---- 3. Step time: recomputation pays in forwards --------------------------------------------
 if ctx.is_main:
@@ -165,21 +158,28 @@ if ctx.is_main:
             "the cores are shared)")
     for strategy in strategies:
         ratio = runs[strategy]["step_s"] / runs["none"]["step_s"] if "none" in runs else None
-        want = predict.time_ratio(config, seq, *modelled(strategy))
+        want = predict.time_ratio(config, seq, strategy, layers_of(strategy))
         ctx.log(f"  {strategy:11}{runs[strategy]['step_s']:8.3f} s" + (f"{ratio:8.3f} x" if ratio else "")
                 + f"   predicted {want:.3f} x")
         figures.append(figure(f"{strategy}: step time / no recomputation's", ratio and round(ratio, 3), "x",
                               round(want, 3), f"{runs[strategy]['step_s']:.3f} s per step"))
 
 # ---- 4. The losses: recomputation changes memory and time, never the numbers -----------------
+# On CPU a rerun repeats the same kernels in the same order on the same inputs: the same bits
+# (0.0 measured; tests/test_recompute.py holds them equal), so the tolerance is float32's epsilon,
+# a hair. On CUDA the embedding's and the attention's backward add with atomics in whatever order
+# the threads finish: even two runs of none differ by about 1e-7 a step, and the optimizer carries
+# it on, so 1e-5, as the other labs' parity checks.
+loss_tol = 1e-5 if dev.type == "cuda" else torch.finfo(torch.float32).eps
 if ctx.is_main:
     reference = strategies[0]
-    ctx.log(f"\nlosses, step by step, against {reference}'s")
+    ctx.log(f"\nlosses, step by step, against {reference}'s (largest relative gap)")
     for strategy in strategies[1:]:
-        gap = max(abs(a - b) for a, b in zip(runs[strategy]["losses"], runs[reference]["losses"]))
-        ctx.check(f"{strategy}: losses equal {reference}'s", gap <= 1e-6,
-                  f"largest gap over {steps} steps {gap:.1e} (tolerance 1e-6)")
-        figures.append(figure(f"{strategy}: largest loss gap to {reference}", gap, "nats", 0.0))
+        gap = largest_gap(runs[strategy]["losses"], runs[reference]["losses"])
+        ctx.log(f"  {strategy:11}{gap:10.1e}   final loss {runs[strategy]['losses'][-1]:.6f}")
+        ctx.check(f"{strategy}: losses equal {reference}'s", gap <= loss_tol,
+                  f"largest relative gap over {steps} steps {gap:.1e} (tolerance {loss_tol:.1e})")
+        figures.append(figure(f"{strategy}: largest loss gap to {reference}", gap, "relative", 0.0))
     xs = list(range(steps))
     plots.curves_and_gaps(ctx.run_dir / "loss.png", {s: (xs, r["losses"]) for s, r in runs.items()}, reference,
                           f"loss with each recomputation strategy ('{S['model']['preset']}', seq {seq})")

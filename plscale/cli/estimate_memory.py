@@ -14,7 +14,12 @@ from plscale.errors import UserError
 from plscale.predict import recompute as rc
 from plscale.predict.activations import check_core, check_recompute
 from plscale.predict.memory import LABELS, Setup, estimate, gib
-from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
+from plscale.predict.presets import (
+    PRESETS,
+    largest_layer_params,
+    param_count,
+    parse_count,
+)
 
 
 def memory(
@@ -35,9 +40,10 @@ def memory(
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step (ZeRO-1 and offload hold "
                                            "more gradients while they accumulate)."),
     global_batch: int = typer.Option(None, help="Sequences per step; must equal micro x accum x data parallel."),
-    recompute: str = typer.Option("none", help="Activation recomputation: none, selective (the attention core) "
-                                               "or full (each layer keeps only its input)."),
-    recompute_layers: int = typer.Option(0, help="Recompute only the first N layers (0: every layer)."),
+    recompute: str = typer.Option("none", help="Activation recomputation: none, selective (the attention core), "
+                                               "full (each layer keeps only its input, torch's checkpoint) or "
+                                               "deepspeed (full through DeepSpeed's checkpointing)."),
+    recompute_layers: int = typer.Option(0, help="Recompute only the first N layers of the model (0: every layer)."),
     attention: str = typer.Option("fused", help="The attention core: fused (flash: keeps q, k, v, output, "
                                                "log-sum-exp) or math (keeps the a x s x s probabilities)."),
     budget: float = typer.Option(None, help="GiB per device; exit 2 when the estimate does not fit."),
@@ -65,10 +71,12 @@ def memory(
     sb(2h+2h_kv+4f)p/t + core/t, the core sb(hp + 4a) (fused) or
     sb(as + 2(h-h_kv))p (math); head sb(2h+1)·4 + sbhp + 4sbV/t. With --sp
     the norms' sb(4h+2)·4 is /t too.  --recompute selective drops the core,
-    full keeps only each layer's input sbhp (/t with --sp), of the first
-    --recompute-layers layers (0: all); the peak adds one rebuilt core or
-    layer. Recomputation's cost: (3F + R) / 3F by FLOPs, R the forward of
-    the recomputed layers (full) or their cores' 4sh (selective).
+    full and deepspeed keep only each layer's input sbhp (/t with --sp), of
+    the first --recompute-layers layers (0: all); the term adds one rerun,
+    a core or a layer (deepspeed's holds the layer's output too). The
+    step's peak holds more: the head's backward, the gradients.
+    Recomputation's cost: (3F + R) / 3F by FLOPs, R the forward of the
+    recomputed layers (full, deepspeed) or their cores' 4sh (selective).
     Pipeline (1F1B): the first stage holds all L layers' worth.
     Context parallel (--cp): every activation term for s/cp tokens; model
     states as without (ZeRO shards over N = dp x cp = gpus / (tp * pp)).

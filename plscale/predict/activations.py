@@ -24,17 +24,25 @@ and the vocabulary, not the norms. Sequence parallelism (sp) splits the norms' o
 the sequence too; the all-gathered input a column-parallel linear keeps stays whole (h) here
 (Megatron-LM gathers it again in backward instead, and keeps only its slice).
 
-Recomputation (Korthikanti et al., 2022), of the first k layers (k = 0: all; Megatron's
---recompute-num-layers with the block method, per pipeline stage):
+Recomputation (Korthikanti et al., 2022), of the first k layers of the whole model (k = 0: all).
+Megatron's --recompute-num-layers counts per pipeline stage: its k is pp·k here, as 1F1B's first
+stage holds pp micro-batches of its L/pp layers, k of each recomputed. The strategies (STRATEGIES):
 
     none       each layer keeps all of the above
     selective  a recomputed layer drops its attention core's tensors (torch.utils.checkpoint
                around the core keeps only its inputs q, k, v): the `core` term goes
     full       a recomputed layer keeps only its input, h (h/t under sp)
+    deepspeed  full recomputation through DeepSpeed's CheckpointFunction (deepspeed.checkpointing.
+               checkpoint): keeps what full keeps. It also keeps the two RNG states it restores for
+               the rerun, torch's and the accelerator's: host tensors on a GPU, not device memory,
+               so not counted; on CPU both are the CPU generator's (5,056 bytes each, 10 KB a
+               layer), left out as RoPE's tables are
 
 `activation_bytes` is what is kept at the end of the forward (what a census measures);
 `rebuilt_bytes` what one recomputation holds when its rerun ends, just before the region's
-backward uses it: the largest extra of the backward. Their sum is the peak a device must hold.
+backward uses it. Their sum is what the forward keeps plus the most one rerun adds to it. It is
+not the step's peak: the head's backward holds the logits' gradient beside what is kept, and the
+parameters' gradients come on top (lab 09's memory_over_step chart: none peaks at 199 MiB, 135 kept).
 What a rerun holds is not what the forward dropped: torch.utils.checkpoint (non-reentrant) runs
 the region again under hooks that catch each tensor it saves, and stops the rerun (early stop,
 torch's default) as soon as the last one is caught: down_proj's input, before down_proj runs
@@ -61,12 +69,11 @@ the forward's count too):
                                           e < 4, is still named in the layer's frame when the
                                           rerun stops in down_proj (h: h/t under sp). The layer's
                                           output is never rebuilt.
-
-DeepSpeed's activation checkpointing (deepspeed.checkpointing.checkpoint, a reentrant
-CheckpointFunction) reruns the whole layer to its end: it holds every tensor the layer saves,
-less the aliased input at e = 4, plus the layer's output, h: the layer at e = 4 (one h more
-than torch's rebuild), layer + h at e < 4 (as torch's: its output in place of the residual).
-rebuilt_bytes predicts torch's checkpoint; add h per token (s*b*h*e) for DeepSpeed's in fp32.
+    deepspeed         layer       (e = 4) DeepSpeed's CheckpointFunction (reentrant) reruns the
+                      layer + h   (e < 4) layer to its end: every tensor the layer saves, less the
+                                          input at e = 4, plus the layer's output, h: one h over
+                                          torch's at e = 4, as much as torch's at e < 4 (the
+                                          output in place of the residual)
 
 Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
 micro-batches of L/pp layers, the whole model's worth. Context parallelism (cp ranks share
@@ -82,7 +89,8 @@ from plscale.predict.formats import FORMATS
 if TYPE_CHECKING:  # memory.py imports this module
     from plscale.predict.memory import Setup
 
-STRATEGIES = ("none", "selective", "full")
+STRATEGIES = ("none", "selective", "full", "deepspeed")  # the one list: Setup, the CLI, the ranks, the lab
+WHOLE_LAYER = ("full", "deepspeed")  # a recomputed layer keeps only its input
 CORES = ("fused", "math")
 NORM_BYTES = 4  # RMSNorm's input, 1/rms and normalised input are fp32 whatever the precision
 
@@ -91,26 +99,51 @@ def element_bytes(precision: str) -> int:
     return FORMATS[precision].bits // 8
 
 
+def check_strategy(strategy, name: str = "recompute") -> None:
+    """One line unless the strategy is one of STRATEGIES; `name` is how the caller spells it."""
+    if strategy not in STRATEGIES:
+        raise UserError(f"{name} {strategy!r}: use {', '.join(STRATEGIES)}.{did_you_mean(str(strategy), STRATEGIES)}")
+
+
+def check_layers(recompute_layers, layers: int | None, name: str = "recompute_layers",
+                 model: str = "the model") -> None:
+    """One line unless recompute_layers is 0 (every layer) to `layers` (None: any count)."""
+    if isinstance(recompute_layers, int) and not isinstance(recompute_layers, bool) and recompute_layers >= 0 \
+            and (layers is None or recompute_layers <= layers):
+        return
+    if layers is None:
+        raise UserError(f"{name} {recompute_layers!r}: give 0 (every layer) or the number of layers to recompute.")
+    raise UserError(f"{name} {recompute_layers!r}: {model} has {layers} layers; use 0 (every layer) to {layers}.")
+
+
 def check_recompute(strategy, recompute_layers: int, layers: int | None,
                     names: tuple[str, str] = ("recompute", "recompute_layers")) -> None:
     """One line on a strategy that does not exist or a layer count the model lacks.
     `names` are how the caller spells the two settings (a Setup's fields, or CLI flags)."""
     what, count = names
-    if strategy not in STRATEGIES:
-        raise UserError(f"{what} {strategy!r}: use {', '.join(STRATEGIES)}.{did_you_mean(str(strategy), STRATEGIES)}")
-    if recompute_layers < 0:
-        raise UserError(f"{count} {recompute_layers}: give 0 (every layer) or the number of layers to recompute.")
+    check_strategy(strategy, what)
+    check_layers(recompute_layers, layers, count)
     if recompute_layers and strategy == "none":
-        raise UserError(f"{count} {recompute_layers} with {what} none: pick selective or full, or drop {count}.")
-    if layers is not None and recompute_layers > layers:
-        raise UserError(f"{count} {recompute_layers}: the model has {layers} layers; use 0 (every layer) "
-                        f"to {layers}.")
+        raise UserError(f"{count} {recompute_layers} with {what} none: pick one of {', '.join(STRATEGIES[1:])}, "
+                        f"or drop {count}.")
 
 
-def check_core(core: str, name: str = "attention") -> None:
-    if core not in CORES:
-        raise UserError(f"{name} {core!r}: use fused (PyTorch's flash kernel) or math (the probabilities "
-                        f"kept).{did_you_mean(core, CORES)}")
+def recomputed_count(strategy: str, recompute_layers: int, layers: int) -> int:
+    """How many of `layers` the strategy recomputes: the first recompute_layers (0: all), none for none."""
+    if strategy == "none":
+        return 0
+    return min(recompute_layers, layers) if recompute_layers else layers
+
+
+def check_core(core, name: str = "attention") -> None:
+    """One line unless the core is one of CORES; `name` is how the caller spells it. The fused core
+    is PyTorch's flash kernel (scaled_dot_product_attention): "flash" is answered with fused."""
+    if core in CORES:
+        return
+    if str(core).lower().replace("-", "_") in ("flash", "flash_attention", "flash_attn", "sdpa"):
+        raise UserError(f"{name} {core!r}: use fused (PyTorch's flash kernel, scaled_dot_product_attention).")
+    raise UserError(f"{name} {core!r}: use fused (PyTorch's flash kernel) or math (the probabilities "
+                    f"kept).{did_you_mean(str(core), CORES)}")
 
 
 def _tokens(s: "Setup") -> int:
@@ -146,10 +179,10 @@ def layer_input_bytes(s: "Setup") -> float:
 
 def layer_kept_bytes(s: "Setup", recomputed: bool = True) -> float:
     """Bytes one layer keeps at the end of the forward: all of them unless `recomputed` under
-    s.recompute; selective drops the core, full keeps only the input."""
+    s.recompute; selective drops the core, full and deepspeed keep only the input."""
     if not recomputed or s.recompute == "none":
         return layer_activation_bytes(s)
-    if s.recompute == "full":
+    if s.recompute in WHOLE_LAYER:
         return layer_input_bytes(s)
     return layer_activation_bytes(s) - layer_parts(s)["core"]
 
@@ -166,10 +199,7 @@ def head_activation_bytes(s: "Setup") -> float:
 
 def recomputed_layers(s: "Setup", layers: int | None = None) -> int:
     """How many of `layers` (default: all) are recomputed: the first recompute_layers of them."""
-    layers = s.model.layers if layers is None else layers
-    if s.recompute == "none":
-        return 0
-    return min(s.recompute_layers, layers) if s.recompute_layers else layers
+    return recomputed_count(s.recompute, s.recompute_layers, s.model.layers if layers is None else layers)
 
 
 def activation_bytes(s: "Setup", layers: int | None = None, head: bool = True) -> float:
@@ -193,39 +223,43 @@ def core_rebuilt_bytes(s: "Setup") -> float:
 
 
 def rebuilt_bytes(s: "Setup") -> float:
-    """What the backward's largest recomputation holds when its rerun ends (torch.utils.checkpoint,
-    non-reentrant): one core's rerun (selective), one layer's (full: its saved tensors less its
-    input at e = 4, plus the residual still named at e < 4), 0 (none, or no layer recomputed).
-    DeepSpeed's checkpoint holds the layer's output, s*b*h*e, more at e = 4 (module doc)."""
+    """What the backward's largest recomputation holds when its rerun ends (module doc): one core's
+    (selective); one layer's saved tensors, less its input at e = 4, plus one h (full: the residual
+    torch's stopped rerun still names, at e < 4 only; deepspeed: the layer's output, always); 0
+    (none, or no layer recomputed)."""
     if not recomputed_layers(s):
         return 0.0
     if s.recompute == "selective":
         return core_rebuilt_bytes(s)
     aliased = element_bytes(s.precision) == NORM_BYTES  # the first norm saves the kept input itself
+    if aliased and s.recompute == "deepspeed":  # less the input, plus the output
+        return layer_activation_bytes(s)
     return layer_activation_bytes(s) + (-1 if aliased else 1) * layer_input_bytes(s)
 
 
 def activation_formula(s: "Setup") -> str:
-    """The activations term's formula as `plscale estimate memory` prints it (the peak)."""
+    """The activations term's formula as `plscale estimate memory` prints it: kept plus one rerun."""
     c, t = s.model, "" if s.tp == 1 else "/t"
     norms = "sb(4h+2)·4/t + 2sbhp" if s.sp else "sb(4h+2)·4 + 2sbhp"
     core = "a·s·sbp + 2sb(h-h_kv)p" if c.attention == "math" else "sbhp + 4asb"
-    attention = f"sb(2h+2h_kv+4f)p{t}"
-    layer = f"{norms} + {attention} + [{core}]{t}"
+    linears = f"sb(2h+2h_kv+4f)p{t}"  # the inputs and outputs of attention's and the MLP's matmuls
+    layer = f"{norms} + {linears} + [{core}]{t}"
     k = recomputed_layers(s)
     rest = f"(L-{k})·layer + " if k < c.layers else ""
     n = "L" if k == c.layers else str(k)
     if s.recompute == "none":
         formula = f"L·[{layer}] + head"
-    elif s.recompute == "full":
+    elif s.recompute in WHOLE_LAYER:
         kept = "sbhp/t" if s.sp else "sbhp"
-        sign = "-" if element_bytes(s.precision) == NORM_BYTES else "+"  # the input aliased, or the residual named
-        formula = f"{n}·{kept} + {rest}one layer rebuilt ([{layer}] {sign} {kept}) + head"
+        aliased = element_bytes(s.precision) == NORM_BYTES  # the input aliased; the residual or output named
+        rebuilt = f"[{layer}]" if aliased and s.recompute == "deepspeed" else \
+            f"([{layer}] {'-' if aliased else '+'} {kept})"
+        formula = f"{n}·{kept} + {rest}one layer rebuilt {rebuilt} + head"
     else:
         if c.attention == "math":  # the rerun's probabilities, scaled q, v (and k) copies, and the mask
             mask = "(s/cp)·s·p" if s.cp > 1 else "s²p"
             core = f"a·s·sbp + {3 if c.kv_dim < c.hidden else 2}sbhp]{t} + {mask}"
         else:
             core = f"{core}]{t}"
-        formula = f"{n}·[{norms} + {attention}] + {rest}one core rebuilt [{core} + head"
+        formula = f"{n}·[{norms} + {linears}] + {rest}one core rebuilt [{core} + head"
     return formula.replace("sb", "(s/cp)b") if s.cp > 1 else formula  # each rank's s/cp tokens

@@ -45,10 +45,12 @@ partition for the step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at st
 largest layer's parameters and gradients gathered in full (2 + 2 bytes each) plus 18Ψ/N.
 
 Activations (plscale.predict.activations, with their formulas): what each layer and the head
-keep for backward, under recomputation (`recompute`: none, selective or full, of the first
-`recompute_layers` layers), tensor and sequence parallelism. The `activations` term is the peak:
-what the forward keeps plus what backward rebuilds at once. Pipeline parallelism (1F1B) holds
-the whole model's worth on its first stage.
+keep for backward, under recomputation (`recompute`: none, selective, full or deepspeed, of the
+first `recompute_layers` layers of the model), tensor and sequence parallelism. The `activations`
+term is what the forward keeps plus one rerun, the most recomputation adds at once in the
+backward; the step's peak holds more (the logits' gradient in the head's backward, the
+parameters' gradients). Pipeline parallelism (1F1B) holds the whole model's worth on its first
+stage.
 
 Context parallelism (cp ranks share each sequence, s/cp tokens each) cuts every activation
 term, layers and head, to s/cp tokens: ring attention and Ulysses each keep only their own tokens'
@@ -62,16 +64,23 @@ the ranks ZeRO shards over, whatever cp is: give dp x cp.
 
 from dataclasses import asdict, dataclass, field
 
-from plscale.dsconfig.valid import require as require_valid_zero, zero_settings
+from plscale.dsconfig.valid import require as require_valid_zero
+from plscale.dsconfig.valid import zero_settings
 from plscale.errors import UserError
-from plscale.predict.activations import (activation_bytes, activation_formula, check_core, check_recompute,
-                                         head_activation_bytes, layer_activation_bytes, rebuilt_bytes)
+from plscale.predict.activations import (
+    activation_bytes,
+    activation_formula,
+    check_core,
+    check_recompute,
+    head_activation_bytes,
+    rebuilt_bytes,
+)
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
 from plscale.predict.tensor_parallel import check_divisible, params_per_rank
 
 __all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "setup_from_ds_config",
-           # the activation model's entry points, re-exported for the labs
-           "activation_bytes", "activation_formula", "head_activation_bytes", "layer_activation_bytes", "rebuilt_bytes"]
+           # what the labs ask the activation model, beside a Setup (labs 05, 07, 08, 09): they import it from here
+           "activation_bytes", "head_activation_bytes", "rebuilt_bytes"]
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
@@ -99,8 +108,8 @@ class Setup:
     seq: int = 1024
     micro_batch: int = 1
     grad_accum: int = 1               # micro-batches per optimizer step (rules 2 and 3)
-    recompute: str = "none"           # activation recomputation: none, selective or full
-    recompute_layers: int = 0         # of the first k layers (0: every layer)
+    recompute: str = "none"           # activation recomputation: none, selective, full or deepspeed
+    recompute_layers: int = 0         # of the first k layers of the model (0: every layer)
     largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
     accounting: str = "paper"         # "paper" or "deepspeed"
     cp: int = 1                       # context-parallel ranks per sequence: activations of seq / cp tokens

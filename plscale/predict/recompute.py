@@ -9,6 +9,7 @@ layers of width h, s tokens a sequence, 2 FLOPs per weight per token forward:
     backward     2F                          (the gradients of the inputs and of the weights)
     recompute    full       k x (2 W_layer + 4sh)   the forward of each recomputed layer again
                                                      (not the embedding, not the head)
+                 deepspeed  as full                  the same rerun, through DeepSpeed's checkpoint
                  selective  k x 4sh                  the attention core's forward again
                  none       0
 
@@ -22,7 +23,7 @@ k is the number of recomputed layers (recompute_layers, 0: all L). The step take
 
 from dataclasses import dataclass
 
-from plscale.predict.activations import check_recompute
+from plscale.predict.activations import check_recompute, recomputed_count
 from plscale.predict.presets import ModelConfig, layer_params
 
 
@@ -61,9 +62,10 @@ def step_flops(c: ModelConfig, seq: int, strategy: str = "none", layers: int = 0
     """Forward, backward (2 x forward) and recomputation FLOPs per token of one step."""
     check_recompute(strategy, layers, c.layers)
     forward = c.layers * layer_forward_flops(c, seq) + 2 * c.vocab * c.hidden   # the head's matmul
-    recomputed = 0 if strategy == "none" else layers or c.layers
-    again = {"none": 0.0, "full": layer_forward_flops(c, seq), "selective": attention_core_flops(c, seq)}[strategy]
-    return StepFlops(forward=forward, backward=2 * forward, recompute=recomputed * again)
+    again = {"none": 0.0, "selective": attention_core_flops(c, seq), "full": layer_forward_flops(c, seq),
+             "deepspeed": layer_forward_flops(c, seq)}[strategy]
+    return StepFlops(forward=forward, backward=2 * forward,
+                     recompute=recomputed_count(strategy, layers, c.layers) * again)
 
 
 def time_ratio(c: ModelConfig, seq: int, strategy: str, layers: int = 0) -> float:

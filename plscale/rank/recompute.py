@@ -12,9 +12,12 @@ runs the region's forward again inside the backward, just before its backward ne
                s x b x h tensor, and pay about one more forward per step
     deepspeed  the same as full through DeepSpeed's activation checkpointing API
                (deepspeed.checkpointing.checkpoint, configured from the run's DeepSpeed
-               config); it keeps what full keeps
+               config); it keeps what full keeps, and its rerun runs on to the layer's output
 
-`layers` = k recomputes only the first k layers (0: all). Every layer's forward and every
+The strategies and the layer-count rules are the memory model's (plscale.predict.activations:
+STRATEGIES, check_recompute, recomputed_count), so what runs here is what is predicted.
+
+`layers` = k recomputes only the first k layers (0: all; none takes 0). Every layer's forward and every
 attention core run inside torch.profiler.record_function("layer i" / "core i"), so a
 recomputation shows in a profile, and in plscale.rank.allocations' history, as a second run
 of the same label inside the backward.
@@ -27,22 +30,7 @@ from functools import partial
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
-from plscale.errors import UserError
-
-STRATEGIES = ("none", "selective", "full", "deepspeed")
-
-
-def check(strategy: str, layers: int, model_layers: int) -> None:
-    if strategy not in STRATEGIES:
-        raise UserError(f"recompute strategy {strategy!r}: use {', '.join(STRATEGIES)}.")
-    if not isinstance(layers, int) or not 0 <= layers <= model_layers:
-        raise UserError(f"recompute layers {layers!r}: use 0 (every layer) to {model_layers}, "
-                        f"the model's layers.")
-
-
-def recomputed(strategy: str, layers: int, model_layers: int) -> list[int]:
-    """The layers whose region (core or whole layer) the strategy rebuilds in backward."""
-    return [] if strategy == "none" else list(range(layers or model_layers))
+from plscale.predict.activations import check_recompute, recomputed_count
 
 
 def _labelled(fn, label: str):
@@ -67,14 +55,18 @@ def _deepspeed_checkpoint(fn):
 def apply(model, strategy: str, layers: int = 0, ds_config: dict | None = None):
     """Give each of the model's layers its labels and, for the chosen layers, the strategy's
     recomputation; in place, once per model. "deepspeed" needs the run's DeepSpeed config."""
-    check(strategy, layers, len(model.layers))
+    check_recompute(strategy, layers, len(model.layers), ("recompute strategy", "recompute layers"))
     if getattr(model, "recompute", None):
         raise ValueError(f"recomputation already applied to this model: {model.recompute}")
     if strategy == "deepspeed":
+        if ds_config is None:
+            raise ValueError("recompute 'deepspeed' configures DeepSpeed's checkpointing from the run's DeepSpeed "
+                             "config: pass it, apply(model, 'deepspeed', layers, ds_config)")
         import deepspeed
 
         deepspeed.checkpointing.configure(None, deepspeed_config=ds_config)
-    chosen, dropout = recomputed(strategy, layers, len(model.layers)), model.config.dropout > 0
+    chosen = range(recomputed_count(strategy, layers, len(model.layers)))
+    dropout = model.config.dropout > 0
     for i, layer in enumerate(model.layers):
         core = _labelled(layer.self_attn.attend, f"core {i}")
         forward = _labelled(layer.forward, f"layer {i}")
