@@ -23,9 +23,11 @@ def line_plot(path: Path, curves: dict, title: str, xlabel: str = "step", ylabel
     plt.close(fig)
 
 
-def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles: dict | None = None) -> None:
+def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles: dict | None = None,
+                    note: str | None = None) -> None:
     """Top: the curves (label -> (xs, ys)). Bottom: |curve - reference| on a log scale, where
-    agreement to float precision is visible and not just 'the lines overlap'."""
+    agreement to float precision is visible and not just 'the lines overlap'. `note`: a line
+    written across the bottom panel (say, that every gap is exactly 0 and sits on the floor)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -42,6 +44,9 @@ def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles
     top.set_ylabel("loss")
     bottom.set_ylabel("|gap| (floor 1e-10)")
     bottom.set_xlabel("step")
+    if note:
+        bottom.text(0.5, 0.06, note, transform=bottom.transAxes, ha="center", va="bottom", fontsize=8,
+                    bbox={"facecolor": "white", "edgecolor": "0.6", "boxstyle": "round"})
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -7,8 +7,11 @@ allocator's history of one step (plscale.rank.allocations) and what it says per 
                        layers marked, the predicted kept level drawn
     layer_picture      one row per strategy: the forward left to right, layer by layer, each
                        bar what that layer kept (what it dropped against no recomputation,
-                       hatched); then the backward right to left, each layer's activations read
-                       back from memory, or rebuilt by running its forward again
+                       hatched above it); then the backward right to left, each layer's bar what
+                       its backward reads back (what the forward kept) with, stacked on it, what
+                       the rerun of its forward rebuilt. "emb+head": what the forward kept outside
+                       the layers' own runs (the embedding's output, the final norm, the
+                       log-softmax, the loss)
 """
 
 from pathlib import Path
@@ -64,35 +67,36 @@ def layer_picture(path: Path, histories: dict, layers: dict, title: str) -> None
     plt = _pyplot()
     n = len(next(iter(layers.values())))
     plain = layers.get("none")
-    fig, axes = plt.subplots(len(layers), 1, figsize=(max(8, 1.1 * (2 * n + 3)), 2.1 * len(layers) + 0.8),
+    fig, axes = plt.subplots(len(layers), 1, figsize=(max(8, 1.1 * (2 * n + 3)), 2.3 * len(layers) + 0.8),
                              sharey=True, squeeze=False)
     forward = list(range(n + 1))                  # layer 0 .. n-1, then the head
     backward = [n + 2 + j for j in range(n + 1)]  # the head, then layer n-1 .. 0
     for ax, (strategy, rows) in zip(axes[:, 0], layers.items()):
-        h = histories[strategy]
-        head = h.kept() - sum(r["kept"] for r in rows)
+        head = histories[strategy].kept() - sum(r["kept"] for r in rows)
         for x, r in zip(forward, rows):
+            dropped = plain[r["layer"]]["kept"] - r["kept"] if plain else 0
             ax.bar(x, r["kept"] / MiB, color=KEPT, label="kept for backward")
-            _note(ax, x, r["kept"])
-            if plain and plain[r["layer"]]["kept"] > r["kept"]:
-                ax.bar(x, (plain[r["layer"]]["kept"] - r["kept"]) / MiB, bottom=r["kept"] / MiB, color="none",
-                       edgecolor=DROPPED, hatch="///", linewidth=0.8, label="dropped (kept without recomputation)")
+            if dropped > 0:
+                ax.bar(x, dropped / MiB, bottom=r["kept"] / MiB, color="none", edgecolor=DROPPED, hatch="///",
+                       linewidth=0.8, label="dropped (kept by none, not here)")
+            _notes(ax, x, [(r["kept"], "kept", KEPT, "")] + [(dropped, "dropped", DROPPED, "")] * (dropped > 0))
         ax.bar(forward[-1], head / MiB, color=KEPT)
-        _note(ax, forward[-1], head)
-        ax.bar(backward[0], head / MiB, color=READ, label="read back in backward")
+        _notes(ax, forward[-1], [(head, "kept", KEPT, "")])
+        ax.bar(backward[0], head / MiB, color=READ, label="read back in backward (what the forward kept)")
+        _notes(ax, backward[0], [(head, "read back", KEPT, "")])
         for x, r in zip(backward[1:], reversed(rows)):
+            ax.bar(x, r["kept"] / MiB, color=READ)
             if r["recomputed"]:
-                ax.bar(x, r["rebuilt"] / MiB, color=REBUILT, label="recomputed in backward")
-                ax.text(x, r["rebuilt"] / MiB, f"{r['recomputed']} rerun\n{r['rebuilt'] / MiB:.1f}", ha="center",
-                        va="bottom", fontsize=6)
-            else:
-                ax.bar(x, r["kept"] / MiB, color=READ)
+                ax.bar(x, r["rebuilt"] / MiB, bottom=r["kept"] / MiB, color=REBUILT,
+                       label="recomputed in backward (its forward run again)")
+            _notes(ax, x, [(r["kept"], "read back", KEPT, "")]
+                   + [(r["rebuilt"], f"{r['recomputed']} rerun", REBUILT, "+")] * bool(r["recomputed"]))
         ax.axvline(n + 1, color="k", linewidth=0.8)
         ax.set_ylabel(f"{strategy}\nMiB")
         ax.set_xticks(forward + backward, [f"L{i}" for i in range(n)] + ["emb+head"]
-                      + ["head"] + [f"L{i}" for i in reversed(range(n))], fontsize=7)
+                      + ["emb+head"] + [f"L{i}" for i in reversed(range(n))], fontsize=7)
         ax.grid(alpha=0.3, axis="y")
-    axes[0, 0].set_ylim(0, 1.2 * axes[0, 0].get_ylim()[1])  # room for the notes above the bars
+    axes[0, 0].set_ylim(0, 1.3 * axes[0, 0].get_ylim()[1])  # room for the notes above the bars
     axes[0, 0].set_title(f"{title}\nforward  →  |  ←  backward", fontsize=10)
     _save(fig, axes, path, columns=2)
 
@@ -111,5 +115,10 @@ def _save(fig, axes, path: Path, columns: int) -> None:
     plt.close(fig)
 
 
-def _note(ax, x, nbytes) -> None:
-    ax.text(x, nbytes / MiB, f"{nbytes / MiB:.1f}", ha="center", va="bottom", fontsize=6)
+def _notes(ax, x, parts) -> None:
+    """Above a bar's stack, one line per part (bytes, what, colour, sign), the bottom part lowest:
+    never under another part's fill or hatching."""
+    top = sum(part[0] for part in parts) / MiB
+    for i, (nbytes, what, colour, sign) in enumerate(parts):
+        ax.annotate(f"{sign}{nbytes / MiB:.1f} {what}", (x, top), xytext=(0, 1 + 7 * i),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=6, color=colour)

@@ -151,3 +151,31 @@ def test_bad_strategy_or_layers_and_double_application_are_refused():
         recompute.apply(Llama(config), "deepspeed")  # no DeepSpeed config to configure it from
     with pytest.raises(ValueError, match="already applied"):
         recompute.apply(recompute.apply(Llama(config), "full"), "selective")
+
+
+def test_layer_picture_shows_what_a_recomputed_layer_reads_back_and_reruns(monkeypatch, tmp_path):
+    """layers.png's backward: a recomputed layer's bar is what the forward kept, read back, with its
+    rerun stacked on it; every value label sits above its bar's stack; one name for the head."""
+    from plscale import recompute_charts
+
+    MiB, drawn = 2**20, {}
+    monkeypatch.setattr(recompute_charts, "_save", lambda fig, axes, path, columns: drawn.update(axes=axes))
+
+    class History:  # what layer_picture asks of a history: the bytes kept at the forward's end
+        def __init__(self, kept):
+            self.kept = lambda: kept
+
+    layers = {"none": [{"layer": 0, "kept": 25 * MiB, "recomputed": None, "rebuilt": 0}],
+              "selective": [{"layer": 0, "kept": 21 * MiB, "recomputed": "core", "rebuilt": 6 * MiB}]}
+    recompute_charts.layer_picture(tmp_path / "layers.png", {s: History(rows[0]["kept"] + 10 * MiB)
+                                                             for s, rows in layers.items()}, layers, "t")
+    ax = drawn["axes"][1, 0]
+    backward_l0 = [p for p in ax.patches if abs(p.get_x() + p.get_width() / 2 - 4) < 1e-9]  # L0, the last bar
+    assert sorted((p.get_y(), p.get_height()) for p in backward_l0) == [(0, 21), (21, 6)]  # read back, then rerun
+    notes = {t.get_text(): t.xyann[1] for t in ax.texts}
+    assert notes["21.0 read back"] < notes["+6.0 core rerun"] and "4.0 dropped" in notes and "21.0 kept" in notes
+    for note in ax.texts:  # anchored at the top of its bar's stack, never under a part of it
+        stack = sum(p.get_height() for p in ax.patches if abs(p.get_x() + p.get_width() / 2 - note.xy[0]) < 1e-9)
+        assert note.xy[1] == pytest.approx(stack), note.get_text()
+    assert [t.get_text() for t in ax.get_xticklabels()].count("emb+head") == 2
+    recompute_charts._pyplot().close(ax.figure)

@@ -41,6 +41,15 @@ def test_strategies_keep_what_is_predicted_and_train_alike(cli):
         assert ratio["value"] == round(s["step_s"][x] / s["step_s"]["none"], 3), x
         assert ratio["predicted"] == round(recompute.time_ratio(config, 32, x), 3), x
     assert figures(s)["deepspeed: step time / no recomputation's"]["predicted"] > 1
+    assert s["steps_timed"] == {x: 1 for x in STRATEGIES}  # step 0 allocates, step 1 is recorded: step 2 is timed
+    assert "only 1 step timed per strategy: at this length the ratios are noise" in out.stdout
+    assert "recomputing every layer of 2" in out.stdout
+    for x in STRATEGIES:  # the timed steps' phases (medians): the backward against the forward
+        phases, ratio = s["phases_s"][x], figures(s)[f"{x}: backward / forward"]
+        assert 0 < phases["forward"] + phases["backward"] + phases["step"] <= s["step_s"][x], (x, phases)
+        assert ratio["value"] == round(phases["backward"] / phases["forward"], 3), x
+        flops = recompute.step_flops(config, 32, x)
+        assert ratio["predicted"] == round((flops.backward + flops.recompute) / flops.forward, 3), x
     for chart in ("memory_over_step.png", "layers.png", "loss.png"):
         assert (run_dir / chart).stat().st_size > 10_000, chart
 
@@ -53,6 +62,7 @@ def test_strategies_keep_what_is_predicted_and_train_alike(cli):
     (["recompute.layers=-1"], "recompute.layers -1: preset tiny has 2 layers"),
     (["recompute.strategies=[]"], "recompute.strategies []: give a list of strategies"),
     (["recompute.strategies=full"], "recompute.strategies 'full': give a list of strategies"),
+    (["model.attention=flash"], "model.attention 'flash': use fused (PyTorch's flash kernel"),
 ])
 def test_bad_input_is_refused_before_launch(cli, sets, message):
     out = cli("lab", "run", "recompute", *SMALL, *[a for s in sets for a in ("--set", s)])

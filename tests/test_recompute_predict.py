@@ -222,19 +222,24 @@ def test_step_flops_split_and_time_ratio_by_hand():
     (["--model", "small", "--recompute", "full", "--recompute-layers", "9"],
      "--recompute-layers 9: the model has 4 layers; use 0 (every layer) to 4."),
     (["--recompute-layers", "2"], "--recompute-layers 2 with --recompute none"),
-    (["--attention", "flash"], "--attention 'flash': use fused"),
+    (["--attention", "flash"], "--attention 'flash': use fused (PyTorch's flash kernel"),
+    (["--attention", "flsh"], "--attention 'flsh': use fused (PyTorch's flash kernel) or math"),
 ])
 def test_cli_bad_recomputation_is_one_line_exit_2(args, message):
     out = run_cli("estimate", "memory", *args)
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    if "flash" in args:  # the fused core is PyTorch's flash kernel: no guess at a spelling
+        assert "Did you mean" not in out.stderr and "math" not in out.stderr, out.stderr
 
 
 def test_cli_recompute_prints_its_flops_and_json_carries_them():
     out = run_cli("estimate", "memory", "--model", "7b", "--seq", "4096", "--recompute", "deepspeed")
     assert out.returncode == 0, out.stderr
-    assert f"step time x{rc.time_ratio(PRESETS['7b'], 4096, 'full'):.3f} by FLOPs" in out.stdout  # full's rerun
-    assert "recompute deepspeed" in out.stdout and "one layer rebuilt" in out.stdout
+    text = " ".join(out.stdout.split())  # rich wraps long lines
+    assert f"step time x{rc.time_ratio(PRESETS['7b'], 4096, 'full'):.3f} by FLOPs" in text  # full's rerun
+    assert "recompute deepspeed" in text and "one layer rebuilt" in text
+    assert "GFLOPs again per token, on a step's 46.1 GFLOPs per token (forward 15.4 GFLOPs" in text, text
     out = run_cli("estimate", "memory", "--model", "small", "--seq", "128", "--attention", "math", "--recompute",
                   "selective", "--recompute-layers", "2", "--json")
     got, config = json.loads(out.stdout), replace(PRESETS["small"], attention="math")
@@ -242,6 +247,26 @@ def test_cli_recompute_prints_its_flops_and_json_carries_them():
     assert got["terms"]["activations"]["device"] == activation_bytes(s) + rebuilt_bytes(s)
     assert got["flops_per_token"]["time_ratio"] == rc.time_ratio(config, 128, "selective", 2)
     assert (got["setup"]["recompute"], got["setup"]["recompute_layers"]) == ("selective", 2)
+    assert got["activations"] == {"kept_at_forward_end": activation_bytes(s), "one_rerun": rebuilt_bytes(s)}
+
+
+def test_cli_note_splits_the_activations_row_into_kept_and_one_rerun():
+    """The activations row is kept + one rerun; the note under the table gives both, in the row's unit,
+    and names the math core's s²p (the causal mask the rerun holds). Lab 09 measures the first."""
+    args = ["--model", "small", "--seq", "256", "--micro-batch", "4", "--precision", "fp32", "--stage", "0",
+            "--gpus", "2", "--attention", "math"]
+    config = replace(PRESETS["small"], attention="math")
+    for strategy, region in (("selective", "core's"), ("full", "layer's")):
+        out = run_cli("estimate", "memory", *args, "--recompute", strategy)
+        assert out.returncode == 0, out.stderr
+        s = Setup(params=1, model=config, seq=256, micro_batch=4, precision="fp32", recompute=strategy)
+        text = " ".join(out.stdout.split())  # rich wraps long lines
+        assert (f"activations: {activation_bytes(s) / 2**20:.2f} MiB kept at the end of the forward + "
+                f"{rebuilt_bytes(s) / 2**20:.2f} MiB while one {region} rerun runs in the backward") in text, text
+        assert (f"{(activation_bytes(s) + rebuilt_bytes(s)) / 2**20:.2f}" in text)  # the row: their sum
+        assert ("s²p: the causal mask, [s, s]" in text) == (strategy == "selective"), text
+    out = run_cli("estimate", "memory", *args)  # nothing rebuilt: the row is what is kept, no note
+    assert "kept at the end of the forward" not in out.stdout
 
 
 def test_estimate_precision_matches_torch_finfo_and_casts():

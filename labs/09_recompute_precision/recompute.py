@@ -15,8 +15,10 @@ backward needs the rest (plscale/rank/recompute.py):
 Each strategy trains the same model from the same weights on the same batches. On one step the
 allocator's history (torch.profiler, profile_memory) records every allocation and free, so the
 lab sees what each strategy keeps at the end of the forward, what each layer keeps, and which
-layers' forwards run again inside the backward. Beside each measurement, its prediction
-(plscale estimate memory --recompute), and the losses, which recomputation must not change.
+layers' forwards run again inside the backward. Beside each measurement, its prediction: what
+the forward keeps, the first of the two parts `plscale estimate memory --recompute ...` adds up in
+its activations row (kept at the forward's end + one rerun in the backward); and the losses,
+which recomputation must not change.
 
     plscale lab run recompute --gpus 2     (--set recompute.layers=2: only the first 2 layers)
     deepspeed --num_gpus 2 labs/09_recompute_precision/recompute.py
@@ -26,6 +28,7 @@ layers' forwards run again inside the backward. Beside each measurement, its pre
 import copy
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import deepspeed
@@ -55,8 +58,9 @@ tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
 config = replace(preset(S["model"]["preset"]), attention=S["model"]["attention"]).with_vocab(tokens.vocab)
 shards = wikitext.Shards(wikitext.pack(tokens.train, seq), ds["train_micro_batch_size_per_gpu"],
                          ds["gradient_accumulation_steps"], ctx.rank, N, seed)
+chosen = "every layer" if not k else "the first layer" if k == 1 else f"the first {k} layers"
 ctx.log(f"data: {corpus.source}\nmodel: '{S['model']['preset']}', {config.layers} layers, {config.attention} "
-        f"attention core, seq {seq}; recomputing {f'the first {k}' if k else 'every'} layer of {config.layers}")
+        f"attention core, seq {seq}; recomputing {chosen} of {config.layers}")
 
 # ---- What each strategy should keep: the memory model, asked about this run ------------------
 base = memory.setup_from_ds_config(ds, N, config, seq)
@@ -82,16 +86,28 @@ for strategy in strategies:
     engines[strategy], *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
 
 
-def train_step(engine, step: int) -> float:
-    """One optimizer step, its phases marked for the allocator's history; the mean loss."""
+@contextmanager
+def phase(name: str, clock: dict):
+    """A phase of the step: marked for the allocator's history, its seconds added to `clock`. On
+    CUDA it ends when the device's work does (kernels run after the host queues them)."""
+    t0 = time.perf_counter()
+    with allocations.phase(name):
+        yield
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    clock[name] = clock.get(name, 0.0) + time.perf_counter() - t0
+
+
+def train_step(engine, step: int, clock: dict) -> float:
+    """One optimizer step, its phases marked and timed into `clock`; the mean loss."""
     loss_sum = torch.zeros((), device=dev)
     for block in shards.step(step):
         x, y = block[:, :-1].to(dev), block[:, 1:].to(dev)
-        with allocations.phase("forward"):
+        with phase("forward", clock):
             loss = engine(x, y)
-        with allocations.phase("backward"):
+        with phase("backward", clock):
             engine.backward(loss)
-        with allocations.phase("step"):
+        with phase("step", clock):
             engine.step()
         loss_sum += loss.detach()
     dist.all_reduce(loss_sum)
@@ -103,18 +119,22 @@ def train_step(engine, step: int) -> float:
 losses, times, histories = {s: [] for s in strategies}, {s: [] for s in strategies}, {}
 for step in range(steps):
     for strategy, engine in engines.items():
-        t0 = time.perf_counter()
+        t0, clock = time.perf_counter(), {}
         if step == record_step:
             with allocations.record(dev) as rec:
-                losses[strategy].append(train_step(engine, step))
+                losses[strategy].append(train_step(engine, step, clock))
             histories[strategy] = rec.history
         else:
-            losses[strategy].append(train_step(engine, step))
-            times[strategy].append(time.perf_counter() - t0)
+            losses[strategy].append(train_step(engine, step, clock))
+            times[strategy].append({"all": time.perf_counter() - t0, **clock})
         ctx.metrics.step(strategy=strategy, step=step, loss=losses[strategy][-1], step_time_s=time.perf_counter() - t0)
     ctx.metrics.progress("training", step + 1, steps, "  ".join(f"{s} {losses[s][-1]:.4f}" for s in strategies))
-runs = {s: {"losses": losses[s], "step_s": statistics.median(times[s][1:] or times[s]), "history": histories[s],
-            "layers": recompute.measured_layers(histories[s], config.layers)} for s in strategies}
+timed = {s: times[s][1:] or times[s] for s in strategies}  # the first step allocates: not timed if others are
+seconds = {s: {p: statistics.median(t[p] for t in timed[s]) for p in ("all", "forward", "backward", "step")}
+           for s in strategies}  # each phase's median over the steps timed
+runs = {s: {"losses": losses[s], "step_s": seconds[s]["all"], "phases_s": seconds[s], "timed": len(timed[s]),
+            "history": histories[s], "layers": recompute.measured_layers(histories[s], config.layers)}
+        for s in strategies}
 
 # ---- 1. Activations kept at the end of the forward, per rank: measured / predicted -----------
 mine = {s: r["history"].kept() for s, r in runs.items()}
@@ -123,7 +143,8 @@ dist.all_gather_object(everyone, mine)
 figures, tol = [], S["memory"]["tolerance"]
 if ctx.is_main:
     ctx.log(f"\nactivations kept for backward at the end of the forward, MiB per rank (allocator history of step "
-            f"{record_step}), against the memory model (plscale estimate memory --recompute ...)")
+            f"{record_step}), against the memory model: the 'kept at the end of the forward' of plscale estimate "
+            f"memory --recompute ... (its activations row adds one rerun: section 2)")
     ctx.log(f"  {'strategy':11}" + "".join(f"{'rank ' + str(r):>10}" for r in range(N))
             + f"{'predicted':>11}{'error':>8}")
     for strategy in strategies:
@@ -140,8 +161,8 @@ if ctx.is_main:
 # A rerun's allocations still held when it ends: what its backward is about to use. The peak of
 # the step adds the gradients and the head's transients to the activations: measured only.
 if ctx.is_main:
-    ctx.log("\nrebuilt at once in the backward (the largest rerun, rank 0), MiB, measured / predicted; "
-            "the step's peak above its start")
+    ctx.log("\nrebuilt at once in the backward (the largest rerun, rank 0), MiB, measured / predicted (the "
+            "estimate's 'while one rerun runs in the backward'); the step's peak above its start")
     for strategy in strategies:
         r, setup = runs[strategy], setup_of(strategy)
         rebuilt, want = max([row["rebuilt"] for row in r["layers"]] + [0]), memory.rebuilt_bytes(setup)
@@ -153,16 +174,35 @@ if ctx.is_main:
                            "activations, gradients and the head's transients; rank 0")]
 
 # ---- 3. Step time: recomputation pays in forwards --------------------------------------------
+# Each strategy's medians over the steps timed (neither the first nor the recorded one): with
+# fewer than MIN_TIMED of them, a shared machine's noise is the ratio.
+MIN_TIMED = 5
 if ctx.is_main:
-    ctx.log("\nstep time against no recomputation's (measured; predicted from FLOPs; printed, not checked: "
-            "the cores are shared)")
+    ctx.log("\nstep time against no recomputation's (measured: the median of the steps timed; predicted from FLOPs; "
+            "printed, not checked: the cores are shared)")
     for strategy in strategies:
-        ratio = runs[strategy]["step_s"] / runs["none"]["step_s"] if "none" in runs else None
+        r = runs[strategy]
+        ratio = r["step_s"] / runs["none"]["step_s"] if "none" in runs else None
         want = predict.time_ratio(config, seq, strategy, layers_of(strategy))
-        ctx.log(f"  {strategy:11}{runs[strategy]['step_s']:8.3f} s" + (f"{ratio:8.3f} x" if ratio else "")
-                + f"   predicted {want:.3f} x")
+        ctx.log(f"  {strategy:11}{r['step_s']:8.3f} s" + (f"{ratio:8.3f} x" if ratio else "")
+                + f"   predicted {want:.3f} x   ({r['timed']} step{'s' * (r['timed'] != 1)} timed)")
         figures.append(figure(f"{strategy}: step time / no recomputation's", ratio and round(ratio, 3), "x",
-                              round(want, 3), f"{runs[strategy]['step_s']:.3f} s per step"))
+                              round(want, 3), f"{r['step_s']:.3f} s per step, the median of {r['timed']} steps"))
+    fewest = min(r["timed"] for r in runs.values())
+    if fewest < MIN_TIMED:
+        ctx.log(f"  only {fewest} step{'s' * (fewest != 1)} timed per strategy: at this length the ratios are noise "
+                f"(--steps {steps + MIN_TIMED - fewest} or more times {MIN_TIMED})")
+    ctx.log("\nthe same steps by phase, ms (medians), and the backward against the forward: measured / predicted "
+            "from FLOPs, (2F + R) / F, R the rerun")
+    for strategy in strategies:
+        ms, flops = runs[strategy]["phases_s"], predict.step_flops(config, seq, strategy, layers_of(strategy))
+        fwd, bwd, opt = (1e3 * ms[p] for p in ("forward", "backward", "step"))
+        want = (flops.backward + flops.recompute) / flops.forward
+        ctx.log(f"  {strategy:11}forward {fwd:7.1f}   backward {bwd:7.1f}   optimizer step {opt:6.1f}   "
+                f"backward {bwd / fwd:5.2f} x the forward / {want:.2f}")
+        figures.append(figure(f"{strategy}: backward / forward", round(bwd / fwd, 3), "x", round(want, 3),
+                              f"forward {fwd:.1f} ms, backward {bwd:.1f} ms: medians of {runs[strategy]['timed']} "
+                              f"steps, rank 0"))
 
 # ---- 4. The losses: recomputation changes memory and time, never the numbers -----------------
 # On CPU a rerun repeats the same kernels in the same order on the same inputs: the same bits
@@ -180,9 +220,13 @@ if ctx.is_main:
         ctx.check(f"{strategy}: losses equal {reference}'s", gap <= loss_tol,
                   f"largest relative gap over {steps} steps {gap:.1e} (tolerance {loss_tol:.1e})")
         figures.append(figure(f"{strategy}: largest loss gap to {reference}", gap, "relative", 0.0))
-    xs = list(range(steps))
+    xs, dashes = list(range(steps)), ["-", "--", "-.", ":"]  # each strategy its colour in both panels
+    same = all(runs[s]["losses"] == runs[reference]["losses"] for s in strategies)
     plots.curves_and_gaps(ctx.run_dir / "loss.png", {s: (xs, r["losses"]) for s, r in runs.items()}, reference,
-                          f"loss with each recomputation strategy ('{S['model']['preset']}', seq {seq})")
+                          f"loss with each recomputation strategy ('{S['model']['preset']}', seq {seq})",
+                          styles={s: f"C{i}{dashes[i % 4]}" for i, s in enumerate(strategies)},
+                          note=f"every gap is exactly 0: each strategy's loss is {reference}'s, bit for bit, at every "
+                               f"step\n(each line drawn on the floor, 1e-10, one over another)" if same else None)
 
 # ---- 5. The pictures: memory over one step, and what each layer keeps and rebuilds -----------
 if ctx.is_main:
@@ -203,5 +247,7 @@ ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.
            seq=seq, strategies=strategies, recompute_layers=k, record_step=record_step,
            kept={s: [m[s] for m in everyone] for s in strategies},
            losses={s: r["losses"] for s, r in runs.items()}, step_s={s: r["step_s"] for s, r in runs.items()},
+           steps_timed={s: r["timed"] for s, r in runs.items()},
+           phases_s={s: {p: r["phases_s"][p] for p in ("forward", "backward", "step")} for s, r in runs.items()},
            layers={s: r["layers"] for s, r in runs.items()},
            reran={s: recompute.reran(r["history"]) for s, r in runs.items()})

@@ -13,7 +13,14 @@ from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import recompute as rc
 from plscale.predict.activations import check_core, check_recompute
-from plscale.predict.memory import LABELS, Setup, estimate, gib
+from plscale.predict.memory import (
+    LABELS,
+    Setup,
+    activation_bytes,
+    estimate,
+    gib,
+    rebuilt_bytes,
+)
 from plscale.predict.presets import (
     PRESETS,
     largest_layer_params,
@@ -72,9 +79,12 @@ def memory(
     sb(as + 2(h-h_kv))p (math); head sb(2h+1)·4 + sbhp + 4sbV/t. With --sp
     the norms' sb(4h+2)·4 is /t too.  --recompute selective drops the core,
     full and deepspeed keep only each layer's input sbhp (/t with --sp), of
-    the first --recompute-layers layers (0: all); the term adds one rerun,
-    a core or a layer (deepspeed's holds the layer's output too). The
-    step's peak holds more: the head's backward, the gradients.
+    the first --recompute-layers layers (0: all). The term is what the
+    forward keeps plus what one rerun holds in the backward, a core or a
+    layer (deepspeed's holds the layer's output too; the math core's
+    holds the causal mask too, [s, s] once a rank: the s²p); a note under
+    the table gives the two parts. The step's peak holds more: the head's
+    backward, the gradients.
     Recomputation's cost: (3F + R) / 3F by FLOPs, R the forward of the
     recomputed layers (full, deepspeed) or their cores' 4sh (selective).
     Pipeline (1F1B): the first stage holds all L layers' worth.
@@ -122,7 +132,8 @@ def memory(
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
     if as_json:
-        typer.echo(json.dumps({**result.to_dict(), "flops_per_token": flops and {
+        parts = config and {"kept_at_forward_end": activation_bytes(setup), "one_rerun": rebuilt_bytes(setup)}
+        typer.echo(json.dumps({**result.to_dict(), "activations": parts, "flops_per_token": flops and {
             **asdict(flops), "time_ratio": flops.time_ratio}}, indent=2, ensure_ascii=False))
         _check_budget(budget, need, model, stage, gpus)
         return
@@ -144,13 +155,27 @@ def memory(
                   f"recompute {recompute}{f' (first {recompute_layers} layers)' if recompute_layers else ''}"
                   f"{f', {attention} attention' if config else ''}")
     console.print(table)
+    if config and rebuilt_bytes(setup):
+        console.print(_activations_note(setup, unit, scale), highlight=False)
     if flops and recompute != "none":
-        console.print(f"recompute {recompute}: {_flops(flops.recompute)} a token again, on a step's "
-                      f"{_flops(flops.step)} (forward {_flops(flops.forward)} + backward {_flops(flops.backward)}): "
-                      f"step time x{flops.time_ratio:.3f} by FLOPs", highlight=False)
+        console.print(f"recompute {recompute}: {_flops(flops.recompute)} again per token, on a step's "
+                      f"{_flops(flops.step)} per token (forward {_flops(flops.forward)} + backward "
+                      f"{_flops(flops.backward)}): step time x{flops.time_ratio:.3f} by FLOPs", highlight=False)
     _check_budget(budget, need, model, stage, gpus)
     if budget is not None:
         console.print(f"fits: {need:.2f} GiB of {budget:g} GiB per device")
+
+
+def _activations_note(s: Setup, unit: str, scale: float) -> str:
+    """The activations row in its two parts: what the forward keeps (what lab 09 measures at its
+    end) and what one rerun adds in the backward; the math core's s²p named."""
+    kept, rerun = activation_bytes(s), rebuilt_bytes(s)
+    region = "core's" if s.recompute == "selective" else "layer's"
+    term, shape = ("(s/cp)·s·p", "[s/cp, s]") if s.cp > 1 else ("s²p", "[s, s]")
+    mask = (f"; {term}: the causal mask, {shape}, which the core's rerun holds (once a rank, not per sequence)"
+            if s.recompute == "selective" and s.model.attention == "math" else "")
+    return escape(f"activations: {kept / scale:.2f} {unit} kept at the end of the forward + {rerun / scale:.2f} {unit} "
+                  f"while one {region} rerun runs in the backward{mask}")
 
 
 def _check_budget(budget: float | None, need: float, model: str, stage: int, gpus: int) -> None:
