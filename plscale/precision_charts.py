@@ -3,8 +3,8 @@
     scaler_chart      the loss scale against step on a log2 axis, overflows (skipped steps)
                       and growths marked: dynamic loss scaling's sawtooth
     range_histograms  how many values sit at each power of two (log2 |x|), with each number
-                      format's range shaded: its normal range dark, its subnormals light;
-                      what falls left of a shade rounds to 0, right of it overflows
+                      format's range as its own band: its normal range dark, its subnormals
+                      light; what falls left of a band rounds to 0, right of it overflows
 """
 
 import math
@@ -52,31 +52,45 @@ def scaler_chart(path: Path, logs: dict, title: str) -> None:
 
 def range_histograms(path: Path, panels: dict, formats: list, title: str, colors: dict | None = None) -> None:
     """panels: panel title -> {curve label: histogram} (plscale.rank.taps.log2_histogram:
-    edges, counts, zeros); formats: plscale.predict.formats.Format, each shaded in every panel;
-    colors: curve label -> colour (default: the first black, the others dashed)."""
+    edges, counts, zeros); formats: plscale.predict.formats.Format, each drawn in every panel as
+    its own band along the top (light: subnormal, dark: normal) with its bounds as dashed lines,
+    so two formats' ranges never blend; colors: curve label -> colour (default: the first black,
+    the others dashed). The legend sits outside, right of the panels."""
+    from matplotlib.patches import Patch
+
     plt = _pyplot()
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.8 * len(panels) + 0.6), squeeze=False)
+    band, gap = 0.07, 0.015  # each format's band: a fraction of the panel's height
+    top = 1 - len(formats) * (band + gap)  # the histograms stay below the bands
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10.5, 2.9 * len(panels) + 0.6), squeeze=False)
     for ax, (name, curves) in zip(axes[:, 0], panels.items()):
-        for k, fmt in enumerate(formats):
-            color = COLORS.get(fmt.name, f"C{k + 4}")
-            lo, mid, hi = (math.log2(v) for v in (fmt.min_subnormal, fmt.min_normal, fmt.max))
-            ax.axvspan(lo, mid, color=color, alpha=0.08)
-            ax.axvspan(mid, hi, color=color, alpha=0.18,
-                       label=f"{fmt.name}: 2^{lo:.0f} .. {fmt.max:.5g} (light: subnormal)")
+        handles, peak = [], 0.0
         for j, (label, hist) in enumerate(curves.items()):
             edges, counts = hist["edges"], hist["counts"]
             total = sum(counts) + hist["zeros"]
             share = [100 * c / max(total, 1) for c in counts]
-            zeros = f", {100 * hist['zeros'] / max(total, 1):.2g}% exactly 0" if hist["zeros"] else ""
-            color = (colors or {}).get(label, "k" if j == 0 else f"C{j + 5}")
-            ax.stairs(share, edges, label=f"{label}{zeros}", linewidth=1.5, color=color, linestyle="-" if j == 0 else "--")
+            peak = max(peak, *share)
+            zeros = f" ({100 * hist['zeros'] / max(total, 1):.2g}% exactly 0 in fp32, left out)" if hist["zeros"] else ""
+            color = (colors or {}).get(label) or ("k" if j == 0 else f"C{j + 5}")
+            handles.append(ax.stairs(share, edges, label=f"{label}{zeros}", linewidth=1.5, color=color,
+                                     linestyle="-" if j == 0 else "--"))
+        for k, fmt in enumerate(formats):
+            color = COLORS.get(fmt.name, f"C{k + 4}")
+            lo, mid, hi = (math.log2(v) for v in (fmt.min_subnormal, fmt.min_normal, fmt.max))
+            y1 = 1 - k * (band + gap)
+            ax.axvspan(lo, mid, ymin=y1 - band, ymax=y1, facecolor=color, alpha=0.25, edgecolor="none")
+            ax.axvspan(mid, hi, ymin=y1 - band, ymax=y1, facecolor=color, alpha=0.75, edgecolor="none")
+            for x, style in ((lo, "--"), (mid, ":"), (hi, "--")):
+                ax.axvline(x, ymax=y1 - band, color=color, linestyle=style, linewidth=0.9, alpha=0.8)
+            handles += [Patch(facecolor=color, alpha=0.75, label=f"{fmt.name} normal: 2^{mid:.0f} .. {fmt.max:.5g}"),
+                        Patch(facecolor=color, alpha=0.25, label=f"{fmt.name} subnormal: 2^{lo:.0f} .. 2^{mid:.0f}")]
         first = next(iter(curves.values()))
         ax.set_xlim(first["edges"][0], first["edges"][-1])  # the values' span, not the widest format's
+        ax.set_ylim(0, max(peak, 1e-9) * 1.05 / top)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("% of values")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    axes[-1, 0].set_xlabel("log2 |value|")
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    axes[-1, 0].set_xlabel("log2 |value|  (left of a format's band: rounds to 0; right of it: overflows)")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -30,7 +30,8 @@ def test_precisions_side_by_side(cli):
     for run in ("fp32", "bf16", "fp16", "fp16-unscaled"):
         assert f"{run}: model states match the memory model" in names, names
     assert {"fp32: activations match the memory model", "bf16: activations match the memory model",
-            "fp16: the scale follows dynamic loss scaling", "loss scaling keeps small gradients in fp16's range"} <= names
+            "fp16: the scale follows dynamic loss scaling", "loss scaling keeps small gradients in fp16's range",
+            "fp16's range predicts where the gradients fall (flushed, subnormal, overflowed)"} <= names
     memory, f = s["memory"], figures(s)
     counters = 4 * len(list(Llama(preset("tiny")).parameters()))  # Adam's step count: a 4-byte scalar per tensor
     for run in ("fp32", "bf16", "fp16"):  # exact bytes
@@ -45,6 +46,9 @@ def test_precisions_side_by_side(cli):
     assert any(not r["overflow"] for r in log) and any(r["scale_after"] > r["scale_before"] for r in log)
     none, scaled = s["underflow"].values()
     assert none["measured"]["subnormal"] > 0.5 and scaled["measured"]["subnormal"] < 0.01
+    clean = max(r["scale_before"] for r in log if not r["overflow"])  # the table's S: the largest that ran clean
+    assert scaled["scale"] == clean and not scaled["carried"] and len(scaled["layers"]) == 15
+    assert scaled["weights"]["measured"] == scaled["weights"]["predicted"]  # dW x S against 65504, from fp32
     assert s["fp16_path"] == "torch_autocast"
     # the GradScaler that ran, as torch reports it: fp16's settings; none for fp16 with no scaling
     assert s["grad_scaler"] == {"fp16": {"init_scale": 2.0 ** 22, "growth_factor": 2.0, "backoff_factor": 0.5,
@@ -63,7 +67,7 @@ def test_fp8_casts_of_real_tensors(cli):
     s, run_dir = run_lab(cli, "fp8", "--steps", "2")
     assert s["passed"], s["checks"]
     casts = s["casts"]
-    assert casts["gradients, e4m3, none"]["flushed"] > 0.9  # gradients sit below e4m3's 2^-9
+    assert casts["gradients, e4m3, unscaled"]["flushed"] > 0.9  # gradients sit below e4m3's 2^-9
     for name, cast in casts.items():
         assert cast["flushed"] == cast["flushed_predicted"] and cast["clipped"] == cast["clipped_predicted"], name
     assert casts["gradients, e4m3, per-tensor"]["flushed"] < 0.01 and casts["gradients, e5m2, per-tensor"]["error"] < 0.125
@@ -76,11 +80,17 @@ def test_fp8_casts_of_real_tensors(cli):
      "while loss_scale 1 turns dynamic scaling off"),
     (["fp16", "--set", "fp16.initial_scale_power=-3"], "starts the loss scale at 2^-3, below 1"),
     (["fp16", "--set", "fp16.loss_scale=128"], "which has no static scale"),
-    (["precision", "--set", "ds.stage=2"], "whose loss scale works at ZeRO 0 only"),
+    (["precision", "--set", "ds.stage=2"], "whose loss scale backs off at ZeRO 0 only"),
+    # no loss scaling asked for, with a small starting scale that only dynamic scaling would use
+    (["fp16", "--set", "fp16.loss_scale=1", "--set", "fp16.initial_scale_power=1"],
+     "fp16.initial_scale_power 1 asks for a small starting scale (2^1) while loss_scale 1 turns dynamic scaling off"),
+    (["precision", "--set", "fp16.loss_scale=1"], "the fp16 run would be fp16-unscaled twice"),
+    (["precision", "--set", "precision.runs=[e4m3]"], "(fp16 with no loss scaling); fp8 has its own variant"),
     (["fp8", "--set", "fp8.formats=[e3m4]"], "fp8.formats: No number format 'e3m4'"),
     (["precision", "--set", "ds.precision=fp64"], "Precision 'fp64' is not one of fp32, bf16, fp16"),
-    (["precision", "--set", "fp16.min_loss_scale=4"], "fp16.min_loss_scale 4: on CPU fp16 runs under torch's "
-                                                      "GradScaler, which has no floor"),
+    (["precision", "--set", "fp16.min_loss_scale=4"], ("fp16.min_loss_scale 4: on CPU fp16 runs under torch's "
+                                                       "GradScaler, which has no floor")),
+    (["fp16", "--set", "fp16.hysteresis=2"], "(hysteresis is DeepSpeed's fp16 section's, on GPUs at ZeRO 1-3)"),
     # DeepSpeed's fp16 section on CPU (the shared rule, any lab): every rank would stop at DeepSpeed's ValueError
     (["fp8", "--set", "ds.precision=fp16"], "ds.precision fp16: DeepSpeed's fp16 section does not run on CPU"),
     (["recompute", "--set", "ds.precision=fp16"], "ds.precision fp16: DeepSpeed's fp16 section does not run on CPU"),

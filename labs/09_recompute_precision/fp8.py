@@ -84,26 +84,28 @@ if ctx.is_main:
         ctx.log(f"\n{kind} ({'inputs of' if kind == 'activations' else 'gradients at the outputs of'} the "
                 f"{len(values)} linears, {sum(t.numel() for t in values):,} values, rank 0): largest |x| per tensor "
                 f"2^{math.log2(min(amax)):.1f} to 2^{math.log2(max(amax)):.1f}")
-        ctx.log(f"  {'':6}{'scaling':12}{'flushed to 0':>22}{'past the largest':>22}{'worst error (normal)':>26}"
-                f"{'mean over tensors of ||q/s-x||/||x||':>40}   measured / predicted")
+        ctx.log(f"  each entry measured / predicted; the last column measured only\n"
+                f"  {'':6}{'scaling':12}{'flushed to 0':>22}{'past the largest':>22}{'worst error (normal)':>26}"
+                f"{'mean over tensors of ||q/s-x||/||x||':>40}")
         for f in formats:
             for scaled in (False, True):
                 c = fp8.cast_all(values, f, scaled)
                 got = c.fractions()
-                label = "per-tensor" if scaled else "none"
+                label, name = ("per-tensor", "per-tensor scaling") if scaled else ("unscaled", "unscaled")
+                worst = pair(got["worst_error"], f.rounding_error, 26, 2) if c.normal else "n/a (no normal entry)".rjust(26)
                 ctx.log(f"  {f.name:6}{label:12}" + pair(got["flushed"], got["flushed_predicted"], 22, 3)
                         + pair(got["clipped"], got["clipped_predicted"], 22, 3)
-                        + pair(got["worst_error"], f.rounding_error, 26, 2) + f"{100 * got['error']:.2f}%".rjust(40)
+                        + worst + f"{100 * got['error']:.2f}%".rjust(40)
                         + (f" ({got['infinite']:.2%} inf)" if got["infinite"] else ""))
                 exact &= c.flushed == c.flushed_predicted and c.clipped == c.clipped_predicted
                 bounded &= c.worst_error <= f.rounding_error * (1 + 1e-6)
                 results[f"{kind}, {f.name}, {label}"] = got
-                figures += [figure(f"{kind} in {f.name}, {label} scaling: flushed to 0", round(100 * got["flushed"], 4),
+                figures += [figure(f"{kind} in {f.name}, {name}: flushed to 0", round(100 * got["flushed"], 4),
                                    "%", round(100 * got["flushed_predicted"], 4)),
-                            figure(f"{kind} in {f.name}, {label} scaling: error (mean over tensors)",
-                                   round(100 * got["error"], 3), "%",
-                                   None, f"worst normal-range entry {100 * got['worst_error']:.2f}% "
-                                         f"(at most {100 * f.rounding_error:g}%)")]
+                            figure(f"{kind} in {f.name}, {name}: error (mean over tensors)",
+                                   round(100 * got["error"], 3), "%", None,
+                                   f"worst normal-range entry {100 * got['worst_error']:.2f}% (at most "
+                                   f"{100 * f.rounding_error:g}%)" if c.normal else "no entry in the normal range")]
             rescued &= results[f"{kind}, {f.name}, per-tensor"]["error"] <= f.rounding_error
     ctx.log("\nwithout scaling the gradients sit below fp8's smallest values and flush to 0; per-tensor scaling moves "
             "each tensor's largest entry onto the format's largest,\nso nothing overflows and the rest keeps the "

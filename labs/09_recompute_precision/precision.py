@@ -15,8 +15,9 @@ Each run trains the same model from the same weights on the same batches: fp32, 
 bf16 section), fp16 with dynamic loss scaling started high enough to overflow (the scaler's
 sawtooth), and fp16 with none. Memory per rank is counted by role (the tensor census) beside
 the memory model; the median step time of each (printed, never checked); the loss curves,
-the scaler's log, and where fp16 puts real gradients, scaled and not, beside where formats.py
-says they fall. Where DeepSpeed refuses fp16 (a CPU without fp16 kernels), fp16 runs as
+the scaler's log, and where fp16 puts real gradients, scaled and not (flushed to 0, subnormal,
+overflowed), beside where formats.py says they fall, with the weights' gradients the scaler
+checks for inf. Where DeepSpeed refuses fp16 (a CPU without fp16 kernels), fp16 runs as
 DeepSpeed's torch_autocast: fp32 weights, fp16 ops, torch's GradScaler; so it does at ZeRO 0,
 where DeepSpeed 0.19's fp16 section does not scale the loss (plscale/dsconfig/valid.py's
 fp16_path says which path runs, and why).
@@ -40,7 +41,7 @@ import torch.distributed as dist
 from plscale import plots
 from plscale import precision_charts as charts
 from plscale.dsconfig.spec import DSSpec, build
-from plscale.dsconfig.valid import fp16_path
+from plscale.dsconfig.valid import LOSS_SCALING, fp16_path
 from plscale.files import write_json
 from plscale.predict import memory
 from plscale.predict.formats import FORMATS
@@ -53,6 +54,7 @@ from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 
 MiB = 2**20
+p2 = lambda v, spec="g": f"2^{math.log2(v):{spec}}"  # a scale as a power of 2
 ctx = runtime.start(__file__)
 S, dev, N = ctx.settings, ctx.device, ctx.world_size
 runs, steps, seq, seed, tol = S["precision"]["runs"], S["train"]["steps"], S["model"]["seq"], S["seed"], \
@@ -81,8 +83,9 @@ ctx.log(f"data: {corpus.source}\nmodel: '{S['model']['preset']}', Ψ = {param_co
 
 def spec_of(run: str) -> DSSpec:
     """The run's DeepSpeed settings: the lab's ds section, its precision, fp16's loss scaling."""
-    precision = run.removesuffix("-unscaled")
-    scaling = {**S["fp16"], **({"loss_scale": 1} if run == "fp16-unscaled" else {})} if precision == "fp16" else {}
+    precision = run.removesuffix("-unscaled")  # no scaling: no starting scale either (only dynamic scaling has one)
+    unscaled = {"loss_scale": 1, "initial_scale_power": LOSS_SCALING["initial_scale_power"]}
+    scaling = {**S["fp16"], **(unscaled if run == "fp16-unscaled" else {})} if precision == "fp16" else {}
     return DSSpec.from_dict({**S["ds"], "precision": precision, "autocast": precision == "fp16" and not native,
                              **scaling, "world_size": N})
 
@@ -184,13 +187,23 @@ for run, r in results.items():
             f"window {window})")
     for line in loss_scaling.describe(log.rows):
         ctx.log("  " + line)
-    ctx.log(f"  an overflow: the scaled gradients passed fp16's largest, {FP16.max:g}, and became inf; the step is "
-            f"skipped and the scale halves.\n  After {window} clean step{'s' * (window > 1)} it doubles to look for more room, "
-            f"overflows again, halves: the sawtooth (loss_scale.png)")
+    clean_window = f"{window} clean step{'s' * (window > 1)}"
+    if summary["overflows"]:
+        ctx.log(f"  an overflow: the scaled gradients passed fp16's largest, {FP16.max:g}, and became inf; the step is "
+                f"skipped and the scale halves.\n  After {clean_window} it doubles to look for more room, "
+                f"overflows again, halves: the sawtooth (loss_scale.png)")
+    else:
+        ctx.log(f"  no overflow: from {p2(summary['smallest_scale'])} the scaled gradients stayed below fp16's largest, "
+                f"{FP16.max:g}, so no step was skipped and the scale only " + (
+                    f"grew, doubling after each {clean_window}, to {p2(summary['final_scale'])}; a larger "
+                    f"fp16.initial_scale_power, or more steps, reaches an overflow (the sawtooth)"
+                    if summary["growths"] else f"stayed: fewer than {clean_window} ran before the end"))
     broken = log.broken_rule(window, S["fp16"]["hysteresis"])
     ctx.check(f"{run}: the scale follows dynamic loss scaling", not broken,
-              f"{summary['overflows']} overflows, each skipped and halved; {summary['growths']} doublings after "
-              f"{window} clean step{'s' * (window > 1)}" if not broken else "; ".join(broken[:3]))
+              ("; ".join(broken[:3]) if broken else
+               f"{summary['overflows']} overflows, each skipped and halved; " if summary["overflows"] else
+               "no overflow, nothing skipped; ") + (
+                  "" if broken else f"{summary['growths']} doubling{'s' * (summary['growths'] != 1)} after {clean_window}"))
     figures += [figure(f"{run}: overflows (steps skipped)", summary["overflows"], "steps", None,
                        f"skipped {summary['skipped']} of {summary['steps']}"),
                 figure(f"{run}: loss scale, final", summary["final_scale"], "", None,
@@ -198,65 +211,108 @@ for run, r in results.items():
                                                                    ("final_scale", "smallest_scale", "largest_scale"))))]
 
 # ---- Where fp16 puts real gradients: one batch, the initial weights ----------------------------
-# The gradients at every linear's output (dL/dy) in fp32, then under fp16 autocast unscaled and
-# scaled by the largest scale the fp16 run stepped with. Predicted: each fp32 gradient x S against fp16's range.
+# The gradients at every linear's output (dL/dy) in fp32, then under fp16 autocast unscaled and,
+# where a run scaled the loss, scaled by the largest scale it stepped with cleanly. Predicted: each
+# fp32 gradient x S against fp16's range (plscale/rank/loss_scaling.py: probe).
 clean = [row["scale_before"] for rows in logs.values() for row in rows if not row["overflow"]]
-scale = max(clean) if clean else 2.0 ** S["fp16"]["initial_scale_power"]  # the largest that ran clean
-underflow = {}
+first = [rows[0]["scale_before"] for rows in logs.values() if rows]
+scale = max(clean) if clean else first[0] if first else None  # None: no run scaled the loss
+labels = ["no scaling, S = 1"] + ([f"scaled, S = {p2(scale)}"] if scale else [])
+underflow, COLUMNS = {}, ("flushed", "subnormal", "overflowed")
 if ctx.is_main and any(r.startswith("fp16") for r in runs):
-    probe = Llama(config).to(dev)
-    probe.load_state_dict(initial)
+    model = Llama(config).to(dev)
+    model.load_state_dict(initial)
     block = shards.step(0)[0].to(dev)
-    _, grads32 = taps.capture(probe, block[:, :-1], block[:, 1:])
+    grads32, probes = loss_scaling.probe(model, block[:, :-1], block[:, 1:], [1.0, scale][:len(labels)])
     ctx.log("\nfp16 and the gradients at the linears' outputs (rank 0, step 0's batch, the initial weights), as "
             "fractions of those non-zero in fp32: measured in fp16 / predicted from fp32 x S and fp16's range")
-    ctx.log(f"  {'':22}{'flushed to 0':>20}{'subnormal (< 2^-14)':>24}{'overflowed':>18}")
-    for label, s in (("no scaling, S = 1", 1.0), (f"scaled, S = 2^{math.log2(scale):g}", scale)):
-        _, grads16 = taps.capture(probe, block[:, :-1], block[:, 1:], torch.float16, s)
-        got, want = loss_scaling.measured_underflow(grads32, grads16), loss_scaling.predicted_underflow(grads32, s)
-        underflow[label] = {"scale": s, "measured": asdict(got), "predicted": asdict(want)}
-        ctx.log(f"  {label:22}" + "".join(f"{100 * getattr(got, k):11.3f}% / {100 * getattr(want, k):.3f}%"
-                                          for k in ("flushed", "subnormal", "overflowed")))
-        figures += [figure(f"gradients flushed to 0 in fp16, {label}", round(100 * got.flushed, 4), "%",
-                           round(100 * want.flushed, 4), f"of {got.entries:,} non-zero in fp32"),
-                    figure(f"gradients subnormal in fp16, {label}", round(100 * got.subnormal, 3), "%",
-                           round(100 * want.subnormal, 3), "fewer significant bits")]
-    unscaled, scaled = (underflow[k]["measured"] for k in underflow)
-    ctx.check("loss scaling keeps small gradients in fp16's range",
-              unscaled["flushed"] + unscaled["subnormal"] > scaled["flushed"] + scaled["subnormal"],
-              f"flushed or subnormal: {100 * (unscaled['flushed'] + unscaled['subnormal']):.2f}% unscaled, "
-              f"{100 * (scaled['flushed'] + scaled['subnormal']):.2f}% at S = 2^{math.log2(scale):g}")
-    worst = max(abs(u["measured"][k] - u["predicted"][k]) for u in underflow.values() for k in ("flushed", "subnormal"))
-    ctx.check("fp16's range predicts where the gradients fall", worst <= S["precision"]["underflow_tolerance"],
-              f"largest gap {100 * worst:.3f} points (tolerance {100 * S['precision']['underflow_tolerance']:g}; the "
-              f"fp16 forward moves the gradients a little)")
-    charts.range_histograms(ctx.run_dir / "underflow.png", {
-        "gradients at the linears' outputs (fp32), and times the loss scale": {
-            "x 1": taps.log2_histogram(grads32.values()),
-            f"x S = 2^{math.log2(scale):g}": taps.log2_histogram(g * scale for g in grads32.values())}},
-        [FP16, FORMATS["bf16"]], "fp16 needs the scale; bf16 keeps fp32's range")
+    if scale and not clean:
+        ctx.log(f"  no step of {', '.join(logs)} ran clean (every one overflowed and was skipped): the probe uses the "
+                f"scale it started at, S = {p2(scale)}")
+    ctx.log(f"  {'':22}{'flushed to 0':>20}{'subnormal (< 2^-14)':>24}{'overflowed':>20}")
+    for label, pr in zip(labels, probes):
+        underflow[label] = asdict(pr)
+        got, want = pr.measured, pr.predicted
+        ctx.log(f"  {label:22}" + "".join(f"{100 * getattr(got, k):11.3f}% / {100 * getattr(want, k):.3f}%".rjust(w)
+                                          for k, w in zip(COLUMNS, (20, 24, 20))) + (" *" if pr.carried else ""))
+        notes = {"flushed": ("flushed to 0", f"of {got.entries:,} non-zero in fp32, in {len(pr.layers)} layers"),
+                 "subnormal": ("subnormal", "fewer significant bits"), "overflowed": ("overflowed", "inf: past 65504")}
+        figures += [figure(f"gradients {name} in fp16, {label}", round(100 * getattr(got, k), 4), "%",
+                           round(100 * getattr(want, k), 4), note) for k, (name, note) in notes.items()]
+        figures.append(figure(f"weight-gradient entries past 65504, {label}", pr.weights.measured, "entries",
+                              pr.weights.predicted, f"largest |dW| x S {pr.weights.largest:.4g} ({pr.weights.largest_in})"))
+    for label, pr in zip(labels, probes):
+        peak = f"the largest |dW| x S, {pr.weights.largest_in}'s, is {p2(pr.weights.largest, '.3g')}"
+        over = sorted({row["scale_before"] for rows in logs.values() for row in rows
+                       if row["overflow"] and row["scale_before"] <= pr.scale})
+        if pr.carried:
+            ctx.log(f"  * at S = {p2(pr.scale)} the gradient at {pr.layers[-1]}'s output overflowed, and the backward "
+                    f"carries the inf on: each dL/dx = dL/dy W\n    sums it with the rest (inf - inf = NaN), so the "
+                    f"{len(pr.carried)} layers after {pr.layers[-1]} are {100 * pr.carried_nonfinite:.1f}% inf or NaN "
+                    f"and say nothing about fp16's range;\n    the row covers the {len(pr.layers)} of "
+                    f"{len(pr.layers) + len(pr.carried)} layers up to the first inf (the step itself is skipped)")
+        elif pr.weights.measured:
+            ctx.log(f"  no gradient at a linear's output overflows at S = {p2(pr.scale)}, but the scaler checks the "
+                    f"weights' gradients, dW = the sum over\n    the batch's {block[:, :-1].numel()} tokens of dL/dy x "
+                    f"input, larger than any one dL/dy: on this batch {peak}, past {FP16.max:g}:\n    "
+                    f"{pr.weights.measured} entries inf (predicted from fp32 dW x S: {pr.weights.predicted}): at this "
+                    f"S the scaler would skip this batch's step")
+        elif over:
+            ctx.log(f"  the scaler overflowed at {', '.join(p2(v) for v in over)}, yet no gradient here does: it checks "
+                    f"the weights' gradients, dW = the sum over\n    the batch's tokens of dL/dy x input, and on this "
+                    f"batch {peak}, below {FP16.max:g} (inf: {pr.weights.measured}, predicted "
+                    f"{pr.weights.predicted});\n    those overflows came on other steps: other batches (every rank's: "
+                    f"the gradients are averaged before the check) and weights moved by the steps before")
+    if len(probes) == 2 and probes[1].carried:
+        ctx.log(f"  [--] loss scaling keeps small gradients in fp16's range: not checked, at S = {p2(scale)} this "
+                f"batch's gradients overflow")
+    elif len(probes) == 2:
+        lost = [pr.measured.flushed + pr.measured.subnormal for pr in probes]
+        ctx.check("loss scaling keeps small gradients in fp16's range", lost[0] > lost[1],
+                  f"flushed or subnormal: {100 * lost[0]:.2f}% unscaled, {100 * lost[1]:.2f}% at S = {p2(scale)}")
+    gaps = {(label, k): abs(getattr(pr.measured, k) - getattr(pr.predicted, k))
+            for label, pr in zip(labels, probes) for k in COLUMNS}
+    (where, column), worst = max(gaps.items(), key=lambda kv: kv[1])
+    tol16 = S["precision"]["underflow_tolerance"]
+    ctx.check("fp16's range predicts where the gradients fall (flushed, subnormal, overflowed)", worst <= tol16,
+              f"largest gap {100 * worst:.3f} points, {column} at {where.split(', ')[-1]} (tolerance {100 * tol16:g} "
+              f"point{'s' * (tol16 != 0.01)}; the fp16 forward moves the gradients a little)")
+    curves = {"x 1": taps.log2_histogram(grads32.values())} | (
+        {f"x S = {p2(scale)}": taps.log2_histogram(g * scale for g in grads32.values())} if scale else {})
+    charts.range_histograms(ctx.run_dir / "underflow.png",
+                            {"gradients at the linears' outputs (fp32), and times the loss scale": curves},
+                            [FP16, FORMATS["bf16"]], "fp16 needs the scale; bf16 keeps fp32's range" if scale
+                            else "fp16 without loss scaling; bf16 keeps fp32's range")
 
 # ---- The loss curves, side by side -------------------------------------------------------------
 if ctx.is_main:
     skipped = {run: r["log"].summary()["skipped"] for run, r in results.items()}
+    unscaled = [run for run, r in results.items() if r["spec"].precision == "fp16" and r["spec"].loss_scale == 1]
     ctx.log("\nloss, first -> last step: " + "; ".join(
         f"{run} {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}" + (f" ({skipped[run]} steps skipped)" if skipped[run]
                                                                   else "") for run, r in results.items()))
-    ctx.log("  a skipped step (an overflow) does not move the weights: fp16 with scaling trails by its skipped steps."
-            + ("\n  How far unscaled fp16 falls behind depends on how many gradients it loses (the table above): a "
-               "flushed gradient teaches nothing, a subnormal one keeps fewer bits" if "fp16-unscaled" in runs else ""))
+    if any(skipped.values()):
+        ctx.log("  a skipped step (an overflow) does not move the weights: " + ", ".join(
+            f"{run} trails by its {n} skipped step{'s' * (n > 1)}" for run, n in skipped.items() if n))
+    if unscaled:
+        ctx.log(f"  How far fp16 without loss scaling ({', '.join(unscaled)}) falls behind depends on how many "
+                f"gradients it loses (the table above): a flushed gradient teaches nothing, a subnormal one keeps "
+                f"fewer bits")
     plots.line_plot(ctx.run_dir / "losses.png", {run: (list(range(steps)), r["losses"]) for run, r in results.items()},
                     f"loss by precision, the same weights and batches ('{S['model']['preset']}', seq {seq})",
                     styles={"fp32": "C0-", "bf16": "C1-", "fp16": "C2-", "fp16-unscaled": "C3--"})
+    written = ["losses.png: the curves", "memory.png: memory by role"]
     if logs:
         charts.scaler_chart(ctx.run_dir / "loss_scale.png", logs, "fp16's dynamic loss scale")
+        written.append("loss_scale.png: fp16's scale")
+    if underflow:
+        written.append("underflow.png: gradients against fp16's range")
     plots.measured_vs_predicted(ctx.run_dir / "memory.png", {
         run: {SHORT[t]: (v["measured_bytes"] / MiB, None if v["predicted_bytes"] is None
                                     else v["predicted_bytes"] / MiB) for t, v in rows.items()}
         for run, rows in memory_rows.items()}, f"memory per rank by role ({N} ranks, ZeRO-{S['ds']['stage']})")
     figures += [figure(f"{run}: final loss", round(r["losses"][-1], 4), "nats") for run, r in results.items()]
-    ctx.log("losses.png: the curves; memory.png: memory by role; loss_scale.png: fp16's scale; underflow.png: "
-            "gradients against fp16's range")
+    ctx.log("; ".join(written))
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, runs=runs,
            fp16_path="deepspeed fp16" if native else "torch_autocast", memory=memory_rows,
            grad_scaler={run: r["scaler"] for run, r in results.items() if r["spec"].autocast},

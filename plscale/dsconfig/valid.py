@@ -18,7 +18,10 @@ precision is the weights': a "torch_autocast" config keeps fp32 weights (only th
 fp16's loss scaling (DeepSpeed's fp16 section; `loss_scaling_problems`, DeepSpeed's defaults):
     loss_scale           0 (dynamic), or a static scale of 1 (none) or more
     initial_scale_power  dynamic scaling starts at 2^this: 0 or more (a scale below 1 shrinks
-                         the gradients, so more of them underflow)
+                         the gradients, so more of them underflow). Only dynamic scaling reads it:
+                         with a static loss_scale (1: none) a power below DeepSpeed's default 16
+                         asks for something that cannot happen, and is refused (the default, or a
+                         larger power, reads as a setting left over from dynamic scaling)
     loss_scale_window, hysteresis, min_loss_scale   whole numbers of at least 1
 
 Which path runs fp16 (`fp16_path`, by device and stage; the host's checks and the ranks ask it):
@@ -38,6 +41,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 AUTOCAST_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}  # DeepSpeed's torch_autocast.dtype
 LOSS_SCALING = {"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
                 "min_loss_scale": 1}  # DeepSpeed's fp16 section: its keys and defaults
+DEFAULT_POWER = LOSS_SCALING["initial_scale_power"]
 AUTOCAST = "fp16 runs as DeepSpeed's torch_autocast: fp32 weights, fp16 ops, torch's GradScaler"
 
 
@@ -77,10 +81,14 @@ def loss_scaling_problems(loss_scale=0, initial_scale_power=16, loss_scale_windo
     if not isinstance(initial_scale_power, int) or isinstance(initial_scale_power, bool):
         out.append(f"initial_scale_power {initial_scale_power!r}: use a whole number, the power of 2 dynamic "
                    f"scaling starts at (DeepSpeed's default 16).")
-    elif initial_scale_power < 0 and number(loss_scale) and loss_scale >= 1:
-        out.append(f"initial_scale_power {initial_scale_power} asks for a tiny starting scale (2^{initial_scale_power}) "
-                   f"while loss_scale {loss_scale:g} turns dynamic scaling off (a static scale; 1 = none): drop "
-                   f"initial_scale_power, or use loss_scale 0 with an initial_scale_power of 0 or more.")
+    elif initial_scale_power < DEFAULT_POWER and number(loss_scale) and loss_scale >= 1:
+        tiny = initial_scale_power < 0
+        out.append(f"initial_scale_power {initial_scale_power} asks for a {'tiny' if tiny else 'small'} starting "
+                   f"scale (2^{initial_scale_power}) while loss_scale {loss_scale:g} turns dynamic scaling off (a "
+                   f"static scale; 1 = none), and only dynamic scaling starts from initial_scale_power: drop "
+                   f"initial_scale_power (or keep DeepSpeed's default {DEFAULT_POWER}), or use loss_scale 0 " +
+                   ("with an initial_scale_power of 0 or more." if tiny else
+                    f"to scale dynamically from 2^{initial_scale_power}."))
     elif initial_scale_power < 0:
         out.append(f"initial_scale_power {initial_scale_power} starts the loss scale at 2^{initial_scale_power}, "
                    f"below 1: it shrinks the gradients, so more of them underflow fp16; use 0 or more "
@@ -147,7 +155,7 @@ def section_problems(config: dict) -> list[str]:
 def zero_settings(config: dict) -> dict:
     """stage, precision (the weights'), offload_optimizer and offload_param of a DeepSpeed config dict."""
     zero = config.get("zero_optimization") or {}
-    enabled = lambda key: _enabled(config, key)  # noqa: E731
+    enabled = lambda key: _enabled(config, key)
     return {"stage": zero.get("stage", 0),
             "precision": "fp32" if enabled("torch_autocast") else  # ops in 16 bits, weights in fp32
                          "fp16" if enabled("fp16") else "bf16" if enabled("bf16") else "fp32",

@@ -1,4 +1,5 @@
-"""fp16's loss scaling inside a DeepSpeed engine: which path runs it, the scaler's log, underflow.
+"""fp16's loss scaling inside a DeepSpeed engine: which path runs it, the scaler's log, underflow
+and overflow of real gradients.
 
 fp16 keeps 5 exponent bits: nothing below 2^-24 (its smallest subnormal), nothing above 65504.
 Gradients of a mean loss are small, and many fall below fp16's smallest normal (2^-14), where
@@ -19,9 +20,19 @@ Two paths run it, picked by the device and the ZeRO stage (plscale.dsconfig.vali
                                  GradScaler with torch's defaults; `configure` replaces it with one
                                  that follows the spec, `grad_scaler_settings` says what ran.
 `ScalerLog` reads both the same way. The two differ in small ways: DeepSpeed grows the scale
-after window + 1 clean steps, the GradScaler after window; hysteresis (ZeRO 1-3) and
-min_loss_scale are DeepSpeed's only; "no scaling" (loss_scale 1) in DeepSpeed still skips a
-step that overflows, with no GradScaler nothing is checked.
+after window + 1 clean steps, the GradScaler after window; hysteresis and min_loss_scale are
+DeepSpeed's fp16 section's only; "no scaling" (loss_scale 1) in DeepSpeed still skips a step
+that overflows, with no GradScaler nothing is checked. (torch_autocast at ZeRO 1-3 is no third
+path: DeepSpeed 0.19's ZeRO optimizer finds the overflow itself and returns before it calls its
+GradScaler's step and update, so that scale never halves; measured, and refused by lab 09.)
+
+Where fp16 puts a batch's gradients (`predicted_underflow` from fp32 x S, `measured_underflow`
+from an fp16 backward): the gradient at each linear's output, dL/dy, per entry. Once one entry
+overflows to inf, the backward carries it on: each later dL/dx = dL/dy W sums it with other
+entries (inf - inf = NaN), so every layer the backward reaches after it is inf and NaN, and
+says nothing more about fp16's range (`split_at_overflow`). The scaler looks at the weights'
+gradients instead, dW = the sum over the batch's tokens of dL/dy x input, computed in fp16 and
+larger than any one dL/dy: they overflow first (`weight_overflow`).
 
 DeepSpeed keeps torch_autocast's state in module globals that it never resets: call
 `forget_autocast(config)` before each deepspeed.initialize of a process that builds several engines.
@@ -43,7 +54,7 @@ def forget_autocast(config: dict) -> None:
     an earlier torch_autocast engine of this process left in DeepSpeed. DeepSpeed 0.19 keeps it in
     module globals (deepspeed.runtime.torch_autocast.TORCH_AUTOCAST_INITIALIZED and _DTYPE) and
     never resets them; its ZeRO 1-3 optimizers read them when built, so a later engine would get an
-    fp16 GradScaler that is never updated (`configure` refuses such an engine)."""
+    fp16 GradScaler it did not ask for (`configure` refuses such an engine)."""
     from deepspeed.runtime import torch_autocast
 
     if not (config.get("torch_autocast") or {}).get("enabled"):
@@ -64,8 +75,9 @@ def grad_scaler(spec, device: str = "cpu"):
 def configure(engine, spec) -> None:
     """On the torch_autocast path at ZeRO 0, give the engine the GradScaler the spec asks for
     (DeepSpeed made one with torch's defaults); on the others there is nothing to do. (At ZeRO
-    1-2 DeepSpeed 0.19 keeps a GradScaler in its ZeRO optimizer and never updates it: the scale
-    stays where it starts, every step after an overflow is skipped; the lab refuses that path.)
+    1-3 DeepSpeed 0.19 keeps a GradScaler in its ZeRO optimizer and calls its step and update
+    after clean steps only: an overflowing step returns before them, so the scale never halves and
+    a scale too large skips every step; measured on gloo ranks, and the lab refuses that path.)
     An engine without torch_autocast that still got a ZeRO GradScaler is refused: see `forget_autocast`."""
     if getattr(engine.optimizer, "torch_autocast_gradscaler", None) is not None and not engine.torch_autocast_enabled():
         raise RuntimeError("This engine has no torch_autocast section, yet its ZeRO optimizer made torch_autocast's "
@@ -207,3 +219,93 @@ def measured_underflow(grads32: dict, grads16: dict) -> Underflow:
 def _fractions(counts: list[tuple]) -> Underflow:
     entries = sum(c[0] for c in counts)
     return Underflow(entries, *(sum(c[i] for c in counts) / max(entries, 1) for i in (1, 2, 3)))
+
+
+def split_at_overflow(grads16: dict) -> tuple[list[str], list[str]]:
+    """The layers (in the order the backward reached them) up to and including the first whose
+    fp16 gradient has an inf or NaN, and those after it: there the backward carried the inf on."""
+    names = list(grads16)
+    first = next((i for i, name in enumerate(names) if not grads16[name].isfinite().all()), len(names))
+    return names[:first + 1], names[first + 1:]
+
+
+def nonfinite(tensors) -> float:
+    """The fraction of the entries of `tensors` that are inf or NaN."""
+    tensors = list(tensors)
+    return sum((~t.isfinite()).sum().item() for t in tensors) / max(sum(t.numel() for t in tensors), 1)
+
+
+@contextlib.contextmanager
+def linear_weight_gradients(model: torch.nn.Module):
+    """Within: each nn.Linear's weight gradient of a backward, as it reaches the weight (still
+    scaled; a weight shared with the embedding gets both gradients, summed):
+        with linear_weight_gradients(model) as wgrads: ...backward...     wgrads: name -> tensor"""
+    grads, handles = {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            handles.append(module.weight.register_hook(lambda g, name=name: grads.__setitem__(name, g.detach())))
+    try:
+        yield grads
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def weight_gradients(acts: dict, grads: dict) -> dict:
+    """Each linear's own weight gradient from its input and output gradient (plscale.rank.taps):
+    dW = the sum over tokens of dL/dy x input, what the backward's dW matmul computes (in fp16
+    under autocast, so it is what can overflow there)."""
+    return {name: grads[name].flatten(0, -2).float().T @ acts[name].flatten(0, -2).float() for name in grads}
+
+
+@dataclass
+class WeightOverflow:
+    """The linears' weight gradients times the loss scale against fp16's largest, 65504."""
+    scale: float
+    largest: float        # the largest |dW| x S, from fp32
+    largest_in: str       # its layer
+    entries: int          # weight-gradient entries
+    predicted: int        # |dW| x S > 65504, from fp32
+    measured: int         # inf or NaN in the fp16 backward's weight gradients
+
+
+def weight_overflow(dw32: dict, wgrads16: dict, scale: float) -> WeightOverflow:
+    """From fp32 weight gradients (`weight_gradients`) and those of an fp16 backward with the loss
+    times `scale` (`linear_weight_gradients`), the same layers."""
+    peaks = {name: g.abs().max().item() * scale for name, g in dw32.items()}
+    top = max(peaks, key=peaks.get)
+    return WeightOverflow(scale, peaks[top], top, sum(g.numel() for g in dw32.values()),
+                          sum((g.abs() * scale > FP16.max).sum().item() for g in dw32.values()),
+                          sum((~wgrads16[name].isfinite()).sum().item() for name in dw32))
+
+
+@dataclass
+class Probe:
+    """One batch's fp16 backward with the loss x `scale`, against the fp32 one (`probe`)."""
+    scale: float
+    measured: Underflow     # over `layers`
+    predicted: Underflow
+    layers: list            # the linears the backward reached, up to and including the first inf
+    carried: list           # the linears after it: the backward carried the inf on
+    carried_entries: int
+    carried_nonfinite: float  # the fraction of those entries inf or NaN
+    weights: WeightOverflow
+
+
+def probe(model: torch.nn.Module, tokens: torch.Tensor, targets: torch.Tensor, scales) -> tuple[dict, list[Probe]]:
+    """The gradients at the linears' outputs in fp32 (plscale.rank.taps), then for each scale an fp16
+    autocast backward with the loss x scale: where its gradients fell against where fp32 x S
+    predicts, over the layers before the first inf, and its weight gradients against 65504."""
+    from plscale.rank import taps
+
+    acts32, grads32 = taps.capture(model, tokens, targets)
+    dw32, out = weight_gradients(acts32, grads32), []
+    for scale in scales:
+        with linear_weight_gradients(model) as wgrads16:
+            _, grads16 = taps.capture(model, tokens, targets, torch.float16, scale)
+        layers, carried = split_at_overflow(grads16)
+        sub32 = {name: grads32[name] for name in layers}
+        out.append(Probe(scale, measured_underflow(sub32, grads16), predicted_underflow(sub32, scale), layers, carried,
+                         sum(grads16[name].numel() for name in carried),
+                         nonfinite(grads16[name] for name in carried), weight_overflow(dw32, wgrads16, scale)))
+    return grads32, out
