@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# 4 simulated CPU devices for the JAX tests: XLA reads this when JAX starts its CPU backend.
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PLSCALE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from plscale.run import labs
@@ -66,6 +67,7 @@ def doctor(
     except Exception as exc:  # deepspeed raises more than ImportError when half-installed
         row("deepspeed", False, f"not importable: {exc}")
         ok = False
+    row("jax", None, _jax(torch.cuda.is_available()))
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     built = sorted({p.name for p in cache.glob("*/*") if p.is_dir()}) if cache.is_dir() else []
     row("JIT op cache", None, f"{cache}: {', '.join(built) or 'empty (ops compile on first use, ~30-40 s each)'}")
@@ -76,6 +78,22 @@ def doctor(
     console.print(table)
     if not ok:
         raise typer.Exit(1)
+
+
+def _jax(gpus: bool) -> str:
+    """The optional JAX extra (lab 10), found without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    from plscale.run.launch import CUDA_PLUGINS
+
+    try:
+        line = f"{version('jax')} (lab 10, jax-gspmd)"
+    except PackageNotFoundError:
+        return escape("not installed: lab 10 (jax-gspmd) needs pip install 'plscale[jax]'")
+    if gpus and not any(find_spec(p) for p in CUDA_PLUGINS):
+        line += escape(" on simulated CPU devices (no CUDA plugin: pip install 'jax[cuda12]' for the GPUs)")
+    return line
 
 
 def distributed_check(gpus: int | None, timeout: float, cpu: bool) -> None:

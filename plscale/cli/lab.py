@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from plscale import datafiles
@@ -22,14 +23,15 @@ app = typer.Typer(help="List, show and run the labs.", no_args_is_help=True)
 
 @app.command("list")
 def list_labs() -> None:
-    """All labs: id, aliases, title, course sections, ranks, minutes on CPU."""
+    """All labs: id, aliases, title, course sections, ranks (a JAX lab's devices), minutes on CPU."""
     table = Table(title="plscale labs", title_justify="left")
     for column in ("#", "id", "aliases", "title", "sections", "ranks", "CPU min"):
         table.add_column(column)
     for lab in labs.all_labs():
         aliases = lab.aliases + [a for v in lab.variants.values() for a in v.aliases]
         table.add_row(f"{lab.number:02d}", lab.id, ", ".join(aliases), lab.title, lab.sections[0] + (f" (+{len(lab.sections) - 1})" if len(lab.sections) > 1 else ""),
-                      f"{lab.default_ranks} ({','.join(map(str, lab.allowed_ranks))})", f"{lab.cpu_minutes:g}")
+                      f"{lab.default_ranks} ({','.join(map(str, lab.allowed_ranks))})"
+                      + (" devices" if lab.launcher == "jax" else ""), f"{lab.cpu_minutes:g}")
     console.print(table)
 
 
@@ -40,8 +42,10 @@ def show_lab(name: str = typer.Argument(..., help="Lab id, alias, number or vari
     console.print(f"[bold]{lab.number:02d} {lab.id}[/]: {lab.title}")
     console.print(f"sections: {'; '.join(lab.sections)}")
     console.print(f"folder: {lab.folder}   entry: {lab.entry}   lesson: {lab.folder / 'README.md'}")
-    console.print(f"ranks: default {lab.default_ranks}, allowed {lab.allowed_ranks}; "
-                  f"about {lab.cpu_minutes:g} min on CPU; GPU required: {lab.gpu_required}")
+    unit = "devices of one JAX process" if lab.launcher == "jax" else "ranks"
+    console.print(f"{unit}: default {lab.default_ranks}, allowed {lab.allowed_ranks}; "
+                  f"about {lab.cpu_minutes:g} min on CPU; GPU required: {lab.gpu_required}"
+                  + (f"; launcher: {lab.launcher}" if lab.launcher else ""))
     scripts = {v.entry or lab.entry for v in lab.variants.values()}
     variants = Table("variant", "aliases", *(["script"] if len(scripts) > 1 else []), "overrides", "about",
                      title="variants", title_justify="left")
@@ -61,14 +65,17 @@ def show_lab(name: str = typer.Argument(..., help="Lab id, alias, number or vari
 def run_lab(
     name: str = typer.Argument(..., help="Lab id, alias, number or variant alias (e.g. zero2)."),
     variant: str = typer.Option(None, "--variant", "-v", help="Variant (default: the lab's, or the alias')."),
-    gpus: int = typer.Option(None, "--gpus", "-g", help="Ranks per node (GPUs, or CPU processes)."),
-    launcher: str = typer.Option(None, help="deepspeed (default), torchrun or accelerate; some variants pick one."),
+    gpus: int = typer.Option(None, "--gpus", "-g", help="Ranks per node (GPUs, or CPU processes); "
+                             "a JAX lab's devices (GPUs, or simulated CPU devices)."),
+    launcher: str = typer.Option(None, help="deepspeed (default), torchrun or accelerate; some labs and variants "
+                                 "pick one (a JAX lab: jax)."),
     nodes: int = typer.Option(1, help="Number of nodes."),
     hostfile: str = typer.Option(None, help="DeepSpeed hostfile for several nodes."),
     node_rank: int = typer.Option(None, help="This node's rank (launch on every node, no ssh)."),
     master_addr: str = typer.Option("127.0.0.1", help="Address of node 0."),
     master_port: int = typer.Option(None, help="Port on node 0 (default: a free one; 29500 multi-node)."),
-    cpu: bool = typer.Option(False, "--cpu", help="Run CPU ranks over gloo even when GPUs exist."),
+    cpu: bool = typer.Option(False, "--cpu", help="Run CPU ranks over gloo (a JAX lab: CPU devices) even when "
+                             "GPUs exist."),
     steps: int = typer.Option(None, help="Training steps (overrides the lab's)."),
     sets: list[str] = typer.Option([], "--set", help="Override a setting: key=value (repeatable)."),
     ds_config: str = typer.Option(None, "--ds-config", help="Use this DeepSpeed JSON instead of the generated one."),
@@ -78,7 +85,7 @@ def run_lab(
     sweep: bool = typer.Option(False, "--sweep", help="Run the lab's sweep variants in turn, then its report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
 ) -> None:
-    """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo."""
+    """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo; a JAX lab as one process with N devices."""
     lab, chosen = labs.find(name)
     chosen = lab.variant(variant) if variant else chosen
     if sweep and variant:
@@ -127,7 +134,7 @@ def prepare(lab, variant, opts: Options) -> tuple[Plan, Resolved]:
 
 def show_plan(the_plan: Plan, resolved: Resolved) -> None:
     named = new_run_dir(resolved.lab.id, resolved.variant.name, create=False)
-    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {the_plan.notice}")
+    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {escape(the_plan.notice)}")
     console.print("[bold]command:[/]", the_plan.at(named).shell(), highlight=False, soft_wrap=True)
 
 
@@ -138,7 +145,7 @@ def launch(the_plan: Plan, resolved: Resolved) -> Path:
     run_dir = new_run_dir(resolved.lab.id, resolved.variant.name)
     the_plan = the_plan.at(run_dir)
     write_inputs(run_dir, the_plan, resolved, sys.argv)
-    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {the_plan.notice}")
+    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {escape(the_plan.notice)}")
     console.print(f"run directory: {run_dir}")
     code = runner.run(the_plan, run_dir, console)
     if code != 0:

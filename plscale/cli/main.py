@@ -3,6 +3,7 @@
 import sys
 
 import typer
+from rich.markup import escape
 
 from plscale import __version__
 from plscale.cli import bench, ckpt, config, doctor, estimate, lab, mesh, viz
@@ -38,7 +39,7 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        make_console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
 
 

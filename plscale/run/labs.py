@@ -53,6 +53,7 @@ class Lab:
     sweep_report: str | None = None            # script run on the sweep directory afterwards
     check: str | None = None                   # check(settings, topology) raises UserError on bad settings
     steps_setting: str = "train.steps"         # the setting `--steps N` sets
+    launcher: str | None = None                # every variant's launcher (jax: one process, N devices)
 
     def check_settings(self, settings: dict, topology) -> None:
         """Run the lab's own checks (topology: world_size, device), so bad settings fail
@@ -61,6 +62,9 @@ class Lab:
             return
         import importlib.util
 
+        if not (self.folder / self.check).is_file():
+            raise UserError(f"{self.folder / 'lab.yaml'} names check: {self.check}, which is missing: "
+                            f"add it or drop the key.")
         spec = importlib.util.spec_from_file_location(f"plscale_check_{self.number}", self.folder / self.check)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -133,7 +137,7 @@ def load_lab(folder: Path) -> Lab:
         gpu_required=bool(raw.get("gpu_required", False)), predicts=raw.get("predicts") or [],
         data=raw.get("data"), sweep=(raw.get("sweep") or {}).get("variants", []),
         sweep_report=(raw.get("sweep") or {}).get("report"), check=raw.get("check"),
-        steps_setting=raw.get("steps", "train.steps"),
+        steps_setting=raw.get("steps", "train.steps"), launcher=raw.get("launcher"),
     )
 
 

@@ -5,11 +5,15 @@ topology (ranks, nodes, node rank, hostfile, port, launcher), so `--dry-run` and
 tests see exactly what would run. It is built once per run; the two facts known only at
 launch, the run directory and (unless `--master-port` was given) a free port, are bound
 by `Plan.at(run_dir)` just before the ranks start.
+
+A JAX lab (`launcher: jax`) runs one process holding N devices instead of N ranks: N GPUs,
+or N CPU devices XLA simulates (XLA_FLAGS=--xla_force_host_platform_device_count=N).
 """
 
 import os
 import shlex
 from dataclasses import dataclass, field, replace
+from importlib.util import find_spec
 from pathlib import Path
 
 from plscale.errors import UserError
@@ -18,11 +22,14 @@ from plscale.run import launchers
 from plscale.run.hostfile import read_hostfile
 from plscale.run.labs import Lab, Variant
 
+DEVICE_COUNT = "--xla_force_host_platform_device_count"     # XLA_FLAGS: devices of the CPU platform
+CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")  # what JAX needs to see GPUs
+
 
 @dataclass
 class Options:
     gpus: int | None = None          # ranks per node; None = the lab's default
-    launcher: str | None = None      # None = the variant's, else deepspeed
+    launcher: str | None = None      # None = the variant's, else the lab's, else deepspeed
     nodes: int = 1
     hostfile: str | None = None
     node_rank: int | None = None
@@ -40,7 +47,7 @@ class Options:
 class Plan:
     entry: Path
     launcher: str
-    ranks: int           # per node
+    ranks: int           # per node; under jax, the devices of the one process
     nodes: int
     node_rank: int | None
     world_size: int
@@ -58,6 +65,11 @@ class Plan:
         return replace(self, run_dir=Path(run_dir), master_port=self.master_port or free_port())
 
     @property
+    def processes(self) -> int:
+        """Processes started on this node: one per rank, or one holding every device (jax)."""
+        return 1 if self.launcher == "jax" else self.ranks
+
+    @property
     def argv(self) -> list:
         script = [str(self.entry), "--run-dir", str(self.run_dir)]
         return launchers.BUILDERS[self.launcher](self) + script
@@ -73,21 +85,19 @@ class Plan:
 
 
 def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = None) -> Plan:
-    launcher = opts.launcher or variant.launcher or "deepspeed"
-    if launcher not in launchers.BUILDERS:
-        names = list(launchers.BUILDERS)
-        raise UserError(f"Unknown launcher {launcher!r}: use {', '.join(names[:-1])} or {names[-1]}.")
-    if variant.launcher and variant.launcher != launcher:
-        raise UserError(f"Variant {variant.name!r} runs under {variant.launcher}, not {launcher}: "
-                        f"drop --launcher or use --launcher {variant.launcher}.")
+    launcher = _launcher(lab, variant, opts)
+    unit = "device" if launcher == "jax" else "rank"
     ranks = (variant.ranks or lab.default_ranks) if opts.gpus is None else opts.gpus
     if ranks < 1:
-        raise UserError(f"--gpus {ranks}: a run needs at least 1 rank; try --gpus {lab.default_ranks}.")
+        raise UserError(f"--gpus {ranks}: a run needs at least 1 {unit}; try --gpus {lab.default_ranks}.")
     if ranks not in lab.allowed_ranks:
-        raise UserError(f"Lab {lab.id} runs with {', '.join(map(str, lab.allowed_ranks))} ranks, "
+        raise UserError(f"Lab {lab.id} runs with {', '.join(map(str, lab.allowed_ranks))} {unit}s, "
                         f"not {ranks}: pick one of those with --gpus.")
-    _check_nodes(opts, launcher)
-    restarts = _max_restarts(opts, variant, launcher)
+    if launcher == "jax":
+        _check_one_process(opts)
+    else:
+        _check_nodes(opts, launcher)
+    restarts = 0 if launcher == "jax" else _max_restarts(opts, variant, launcher)
     port = opts.master_port
     if port is not None and not 1 <= port <= 65535:
         raise UserError(f"--master-port {port}: use a port from 1 to 65535 (29500 is the usual one).")
@@ -95,14 +105,24 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
         raise UserError(f"--master-addr {opts.master_addr!r}: give node 0's host name or IP address.")
     gpus = cuda_gpus() if gpus_present is None else gpus_present
     device = "cpu" if opts.cpu or not gpus else "cuda"
+    why_cpu = " (--cpu)" if opts.cpu and gpus else ""
+    if launcher == "jax" and device == "cuda" and not any(find_spec(plugin) for plugin in CUDA_PLUGINS):
+        device, why_cpu = "cpu", (f": JAX has no CUDA plugin here, so the {len(gpus)} GPU(s) stay idle; "
+                                  f"pip install 'jax[cuda12]' to use them")
     if lab.gpu_required and device == "cpu":
         raise UserError(f"Lab {lab.id} needs CUDA GPUs and none is available: run it on a GPU machine.")
     if device == "cuda" and ranks > len(gpus):
+        instead = "simulated CPU devices" if launcher == "jax" else "CPU ranks over gloo"
         raise UserError(f"Asked for {ranks} GPUs but this machine has {len(gpus)}: use --gpus {len(gpus)}, "
-                        f"or --cpu to run {ranks} CPU ranks over gloo.")
+                        f"or --cpu to run {ranks} {instead}.")
 
     env = {"PYTHONUNBUFFERED": "1", "PLSCALE_CLI": "1"}
-    if device == "cpu":
+    if launcher == "jax":
+        env.update(_jax_env(ranks, device))
+        notice = (f"A JAX lab: one process with {ranks} CUDA GPU(s) ({gpus[0]})." if device == "cuda" else
+                  f"A JAX lab: one process with {ranks} simulated CPU devices "
+                  f"(XLA_FLAGS={DEVICE_COUNT}={ranks}){why_cpu}.")
+    elif device == "cpu":
         threads = str(max(1, cpu_cores() // ranks))
         env.update({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
@@ -122,6 +142,57 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
         port = 29500  # every node must agree on it
     return Plan(lab.entry_of(variant), launcher, ranks, opts.nodes, opts.node_rank, ranks * opts.nodes, device,
                 opts.master_addr, port, opts.hostfile, env, notice, max_restarts=restarts)
+
+
+def _launcher(lab: Lab, variant: Variant, opts: Options) -> str:
+    """--launcher, else the variant's, else the lab's, else deepspeed; a lab or variant that
+    names one runs under it only."""
+    required = variant.launcher or lab.launcher
+    launcher = opts.launcher or required or "deepspeed"
+    if launcher not in launchers.BUILDERS:
+        names = [name for name in launchers.BUILDERS if name != "jax"]
+        raise UserError(f"Unknown launcher {launcher!r}: use {', '.join(names[:-1])} or {names[-1]} "
+                        f"(jax runs a JAX lab).")
+    if required and required != launcher:
+        who = f"Variant {variant.name!r}" if variant.launcher else f"Lab {lab.id}"
+        raise UserError(f"{who} runs under {required}, not {launcher}: drop --launcher or use --launcher {required}.")
+    if launcher == "jax" and required != "jax":
+        raise UserError(f"Lab {lab.id} is a PyTorch lab: --launcher jax runs JAX labs only (launcher: jax in their "
+                        f"lab.yaml); drop --launcher.")
+    if launcher == "jax" and find_spec("jax") is None:
+        raise UserError(f"Lab {lab.id} needs JAX, an optional extra: pip install 'plscale[jax]' (CPU wheels), "
+                        f"then run it again.")
+    return launcher
+
+
+def _check_one_process(opts: Options) -> None:
+    """A JAX lab is one process on this machine: nothing to spread over nodes or restart."""
+    given = [("--nodes", opts.nodes, opts.nodes != 1), ("--hostfile", opts.hostfile, opts.hostfile),
+             ("--node-rank", opts.node_rank, opts.node_rank is not None),
+             ("--max-restarts", opts.max_restarts, opts.max_restarts is not None)]
+    for flag, value, used in given:
+        if used:
+            raise UserError(f"{flag} {value}: a JAX lab runs one process holding this machine's devices (no nodes, "
+                            f"no restarts); drop {flag}.")
+
+
+def with_device_count(flags: str, n: int) -> str:
+    """XLA_FLAGS that give the CPU platform n devices: a user's other flags kept, their count replaced."""
+    kept = [flag for flag in flags.split() if not flag.startswith(DEVICE_COUNT)]
+    return " ".join([*kept, f"{DEVICE_COUNT}={n}"])
+
+
+def _jax_env(n: int, device: str) -> dict:
+    """The environment of a JAX lab's one process with n devices: n GPUs, or n simulated CPU devices."""
+    if device == "cuda":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the user's choice of GPUs, if any
+        ids = [i.strip() for i in visible.split(",")] if visible else [str(i) for i in range(n)]
+        return {"JAX_PLATFORMS": "cuda", "CUDA_VISIBLE_DEVICES": ",".join(ids[:n]),
+                "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # else XLA takes 75% of each GPU; torch shares them
+    threads = str(cpu_cores())  # one process: every core
+    return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": with_device_count(os.environ.get("XLA_FLAGS", ""), n),
+            "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+            "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS", threads)}
 
 
 def _max_restarts(opts: Options, variant: Variant, launcher: str) -> int:

@@ -1,4 +1,5 @@
-"""The argv of each launcher for a plan: deepspeed, torchrun, accelerate.
+"""The argv of each launcher for a plan: deepspeed, torchrun, accelerate, and jax (a JAX
+lab's one process: this Python, no launcher).
 
 Each builder returns the launcher's part of the command; the plan appends the lab's
 script and `--run-dir`. The ranks take everything else from the run directory.
@@ -53,7 +54,13 @@ def accelerate(plan) -> list:
     return argv
 
 
-BUILDERS = {"deepspeed": deepspeed, "torchrun": torchrun, "accelerate": accelerate}
+def jax(plan) -> list:
+    """A JAX lab is one process holding every device: this Python runs the script itself
+    (the plan's environment gives it the devices)."""
+    return [sys.executable]
+
+
+BUILDERS = {"deepspeed": deepspeed, "torchrun": torchrun, "accelerate": accelerate, "jax": jax}
 
 
 def files(plan) -> dict:
