@@ -1,0 +1,130 @@
+"""The JAX lab's four layouts on paper: the mesh, the bytes each device holds, the collectives.
+
+Host-side and pure: the JAX lab (labs/10_jax_gspmd) prints these beside what XLA placed and
+what it compiled, and the same questions are asked of the PyTorch labs' strategies, so the
+answers line up:
+
+    layout     mesh axes              what is split                        the PyTorch lab's twin
+    dp         data n                 the batch                            ZeRO-0 (lab 04), DDP (lab 02)
+    fsdp       data n                 the batch; every tensor over data    ZeRO-3 (lab 04)
+    fsdp_tp    data n/t x model t     + heads, MLP, vocabulary over model  ZeRO-3 x Megatron TP (lab 07)
+    pipeline   stage p x data n/p     + layers over stage                  DeepSpeed pipeline (lab 05)
+
+Parameters and Adam moments per device come from the memory model (plscale.predict.memory),
+fp32: parameters 4Ψ, moments 8Ψ, sharded over the data axis as ZeRO-3 shards them (ZeRO-0 for
+dp and pipeline), with Ψ the parameters of one model-parallel rank: tensor parallelism's
+`params_per_rank` (vocabulary-parallel embedding, replicated norms) for fsdp_tp, and for the
+pipeline one stage's layers plus what every stage keeps here, the embedding, the final norm and
+the head (GPipe in SPMD: one program, so the pieces outside the pipelined layers are replicated;
+DeepSpeed's pipeline keeps the tied embedding on its first and last stages, the same bytes on
+2 stages). The optimizer is Adam stepping the fp32 weights themselves: no master copy (the
+memory model's rule 1 at stage 0; DeepSpeed keeps one from stage 1 on, JAX's optimizer does not).
+"""
+
+from dataclasses import dataclass
+
+from plscale.errors import UserError, did_you_mean
+from plscale.predict import memory
+from plscale.predict.presets import ModelConfig, layer_params, param_count
+from plscale.predict.tensor_parallel import Collective, check_divisible, params_per_rank
+from plscale.predict.tensor_parallel import collectives as tp_collectives
+
+LAYOUTS = ("dp", "fsdp", "fsdp_tp", "pipeline")
+TWINS = {"dp": "ZeRO-0 / DDP (labs 02, 04)", "fsdp": "ZeRO-3 (lab 04)",
+         "fsdp_tp": "ZeRO-3 x Megatron TP (labs 04, 07)", "pipeline": "DeepSpeed pipeline, GPipe order (lab 05)"}
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A layout's mesh: axis names and sizes, outermost first."""
+    layout: str
+    axes: tuple   # ((name, size), ...)
+
+    @property
+    def shape(self) -> dict:
+        return dict(self.axes)
+
+    def size(self, axis: str) -> int:
+        return self.shape.get(axis, 1)
+
+    def __str__(self) -> str:
+        return " x ".join(f"{name} {size}" for name, size in self.axes)
+
+
+def mesh(layout: str, devices: int, tp: int = 2, stages: int = 2) -> Mesh:
+    """The mesh of `layout` on `devices` devices; one line when it cannot be built."""
+    if layout not in LAYOUTS:
+        raise UserError(f"Unknown layout {layout!r}.{did_you_mean(layout, LAYOUTS)} Use {', '.join(LAYOUTS)}.")
+    split = {"fsdp_tp": ("model", tp, "mesh.tp"), "pipeline": ("stage", stages, "mesh.stages")}.get(layout)
+    if split is None:
+        return Mesh(layout, (("data", devices),))
+    axis, k, name = split
+    if k < 2 or devices % k:
+        raise UserError(f"{name} {k} on {devices} devices: layout {layout} needs a {axis} axis of 2 or more that "
+                        f"divides the devices; pick one of {[d for d in range(2, devices + 1) if devices % d == 0]}.")
+    axes = (("data", devices // k), ("model", k)) if axis == "model" else (("stage", k), ("data", devices // k))
+    return Mesh(layout, axes)
+
+
+def check(config: ModelConfig, m: Mesh, batch: int, micro_batches: int = 1) -> None:
+    """What the model and batch must divide on this mesh, one line each."""
+    if m.size("model") > 1:
+        check_divisible(config, m.size("model"))
+    if config.layers % m.size("stage"):
+        raise UserError(f"{config.layers} layers do not split into {m.size('stage')} stages: pick mesh.stages "
+                        f"that divides {config.layers}.")
+    if batch % m.size("data"):
+        raise UserError(f"A global batch of {batch} sequences does not split over the data axis of {m.size('data')}.")
+    if m.layout == "pipeline" and (batch // m.size("data")) % micro_batches:
+        raise UserError(f"pipeline.micro_batches {micro_batches}: each data shard holds {batch // m.size('data')} "
+                        f"sequences; pick a divisor of it.")
+
+
+def model_parallel_params(config: ModelConfig, m: Mesh) -> int:
+    """Ψ of one model-parallel rank: what ZeRO would shard over the data axis."""
+    if m.layout == "pipeline":
+        outside = param_count(config) - config.layers * layer_params(config)   # embedding(s) + final norm
+        return config.layers // m.size("stage") * layer_params(config) + outside
+    if m.size("model") > 1:
+        return params_per_rank(config, m.size("model")).total
+    return param_count(config)
+
+
+def setup(config: ModelConfig, m: Mesh) -> memory.Setup:
+    """The memory model's question for this layout (fp32; ZeRO-3 where the data axis shards)."""
+    sharded, tp = m.layout in ("fsdp", "fsdp_tp"), m.size("model")
+    if tp > 1:  # the memory model splits the whole model over the TP group itself
+        return memory.Setup(params=param_count(config), stage=3, dp=m.size("data"), precision="fp32", tp=tp, model=config)
+    return memory.Setup(params=model_parallel_params(config, m), stage=3 if sharded else 0, dp=m.size("data"),
+                        precision="fp32")
+
+
+def states_per_device(config: ModelConfig, m: Mesh) -> dict:
+    """Bytes of parameters and of Adam's two moments on each device, from the memory model."""
+    estimate = memory.estimate(setup(config, m))
+    return {name: estimate.term(name).device for name in ("parameters", "moments")}
+
+
+def formulas(config: ModelConfig, m: Mesh) -> dict:
+    estimate = memory.estimate(setup(config, m))
+    return {name: estimate.term(name).formula for name in ("parameters", "moments")}
+
+
+def by_hand(config: ModelConfig, m: Mesh, seq: int, batch: int, micro_batches: int = 1) -> list[Collective]:
+    """What the PyTorch twin issues per optimizer step on one device (fp32): the collectives the
+    PyTorch labs make by hand or through DeepSpeed, for the same model, mesh and batch."""
+    grads = FP32 * model_parallel_params(config, m)
+    if m.layout in ("dp", "pipeline"):
+        rows = [Collective("all_reduce", "backward", "gradients over the data axis", 1, grads)] if m.size("data") > 1 else []
+        if m.layout == "pipeline":
+            act = batch // m.size("data") // micro_batches * seq * config.hidden * FP32
+            rows += [Collective("send_recv", "forward", "activations to the next stage", micro_batches, act),
+                     Collective("send_recv", "backward", "their gradients to the previous stage", micro_batches, act)]
+        return rows
+    rows = [Collective("all_gather", "forward", "parameters, layer by layer", 1, grads),
+            Collective("all_gather", "backward", "parameters again, layer by layer", 1, grads),
+            Collective("reduce_scatter", "backward", "gradients to their shards", 1, grads)]
+    if m.layout == "fsdp_tp":
+        rows += tp_collectives(config, m.size("model"), seq, batch // m.size("data"), "fp32")
+    return rows
