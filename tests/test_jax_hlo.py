@@ -146,6 +146,11 @@ def test_mesh_spelled_replica_groups():
     text = "HloModule m, num_partitions=4\n\nENTRY %main () -> f32[] {\n" + line + "\n}\n"
     [op] = hlo.collectives(text)
     assert op.groups == ((0, 2), (1, 3)) and op.shapes == ((32,), ()) and op.bytes == 132
+    # with the mesh's device order given (the pipeline's combined gradient all-reduce): devices
+    # [[0, 2], [1, 3]] on axes of 2, 1, 1, 2; grouped along axis_0
+    ordered = line.replace("'axis_1'=2] {", "'axis_1'=1,'axis_2'=1,'axis_3'=2], device_ids=([2,2]T(1,0)) {")
+    [op] = hlo.collectives(text.replace(line, ordered))
+    assert op.groups == ((0, 1), (2, 3))
 
 
 def test_bytes_per_device_replicated_vs_sharded():

@@ -47,6 +47,7 @@ class Collective:
     groups: tuple | None          # replica groups (partition ids), or (source, target) pairs
     name: str = ""                # the HLO instruction's name
     runs: int | None = 1          # times it runs per call of the program (loop trip counts); None: unknown
+    phase: str = "forward"        # "backward" when autodiff's transpose made it (its op_name says transpose(...))
 
     @property
     def shape(self):
@@ -91,8 +92,10 @@ def collectives(hlo_text: str) -> list[Collective]:
         arrays = _arrays(result)
         into = sum(_bytes(_arrays(t or types.get(n, ""))) for n, t in operands)
         groups = _pairs(attrs) if op == "collective-permute" else _groups(attrs, partitions)
+        source = re.search(r'op_name="([^"]*)"', attrs)
+        phase = "backward" if source and "transpose(" in source.group(1) else "forward"
         found.append(Collective(op, tuple(s for _, s in arrays), ",".join(dict.fromkeys(d for d, _ in arrays)),
-                                max(into, _bytes(arrays)), groups, name, runs.get(computation, 1)))
+                                max(into, _bytes(arrays)), groups, name, runs.get(computation, 1), phase))
     return found
 
 
@@ -129,6 +132,46 @@ def summarize(ops: list[Collective]) -> dict[str, tuple[int, int]]:
         count, total = summary.get(c.op, (0, 0))
         summary[c.op] = (count + (c.runs or 1), total + c.bytes * (c.runs or 1))
     return summary
+
+
+def axes_of(c: Collective, mesh_axes) -> tuple:
+    """The mesh axes a collective runs along: those its groups' members differ in (for a permute,
+    its sources and targets). mesh_axes: ((name, size), ...) in the mesh's order, as
+    jax's `mesh.shape.items()` lists them; partition ids are positions in that array."""
+    if not c.groups:
+        return ()
+    names, sizes = zip(*mesh_axes)
+    coords = np.stack(np.unravel_index(np.arange(int(np.prod(sizes))), sizes), axis=1)
+    varying = set()
+    for group in c.groups:
+        ids = [p for p in group if p < len(coords)]
+        varying |= {i for i in range(len(names)) if len({int(coords[p][i]) for p in ids}) > 1}
+    return tuple(names[i] for i in sorted(varying))
+
+
+def tally(ops: list[Collective], mesh_axes) -> dict[tuple, tuple[int, int]]:
+    """{(op, phase, axes): (how many, total bytes S)}: what ran along which mesh axis, forward or
+    backward."""
+    out = {}
+    for c in ops:
+        key = (c.op, c.phase, axes_of(c, mesh_axes))
+        count, total = out.get(key, (0, 0))
+        out[key] = (count + (c.runs or 1), total + c.bytes * (c.runs or 1))
+    return out
+
+
+# The XLA ops that do the work of each collective the PyTorch labs issue by hand
+# (plscale.predict.sharding.by_hand). On CPU XLA writes a reduce-scatter as an all-reduce and a
+# slice (measured), so both count for it.
+CARRIES = {"all_reduce": ("all-reduce",), "all_gather": ("all-gather",),
+           "reduce_scatter": ("reduce-scatter", "all-reduce"), "send_recv": ("collective-permute",)}
+
+
+def carried(tallied: dict, op: str, phase: str, axis: str) -> tuple[int, int]:
+    """(how many, bytes) of XLA's collectives (a `tally`) doing the work of by-hand `op` along
+    mesh axis `axis` in `phase`."""
+    rows = [v for (o, p, axes), v in tallied.items() if o in CARRIES[op] and p == phase and axes == (axis,)]
+    return sum(n for n, _ in rows), sum(b for _, b in rows)
 
 
 def permute_bytes_sent(ops: list[Collective]) -> dict[int, int]:
@@ -221,13 +264,19 @@ def _groups(attrs: str, partitions: int | None):
         if iota.group(3):
             ids = ids.transpose([int(v) for v in iota.group(3).split(",")])
         return tuple(tuple(int(v) for v in row) for row in ids.reshape(shape))
-    if mesh := re.match(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", text):
+    if mesh := re.match(r"mesh\[([^\]]*)\](?:,\s*device_ids=\((\[[\d,]+\](?:T\([\d,]+\))?)\))?\s*\{([^}]*)\}", text):
         axes = re.findall(r"'([^']+)'=(\d+)", mesh.group(1))
-        if re.sub(r"'[^']+'=\d+|[,\s]", "", mesh.group(1)):  # device ids or sub-axes: not read here
+        if re.sub(r"'[^']+'=\d+|[,\s]", "", mesh.group(1)):  # sub-axes: not read here
             return None
         names, sizes = [a for a, _ in axes], [int(s) for _, s in axes]
-        grouped = [names.index(a) for a in re.findall(r"'([^']+)'", mesh.group(2))]
+        ids = np.arange(int(np.prod(sizes)))
+        if mesh.group(2):  # the mesh's device order: an iota, maybe transposed ([2,2]T(1,0))
+            order = re.match(r"\[([\d,]+)\](?:T\(([\d,]+)\))?", mesh.group(2))
+            ids = ids.reshape([int(v) for v in order.group(1).split(",")])
+            if order.group(2):
+                ids = ids.transpose([int(v) for v in order.group(2).split(",")])
+        grouped = [names.index(a) for a in re.findall(r"'([^']+)'", mesh.group(3))]
         rest = [i for i in range(len(names)) if i not in grouped]
-        ids = np.arange(int(np.prod(sizes))).reshape(sizes).transpose(rest + grouped)
+        ids = ids.reshape(sizes).transpose(rest + grouped)
         return tuple(tuple(int(v) for v in row) for row in ids.reshape(-1, int(np.prod([sizes[i] for i in grouped]))))
     return None
