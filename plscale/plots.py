@@ -36,10 +36,10 @@ def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles
     ref_xs, ref_ys = curves[reference]
     for label, (xs, ys) in curves.items():
         style = (styles or {}).get(label, "-")
-        top.plot(xs, ys, style, label=label, linewidth=1.5)
-        if label != reference:
+        [line] = top.plot(xs, ys, style, label=label, linewidth=1.5)
+        if label != reference:  # in the curve's colour, so the panels read together
             gaps = [max(abs(a - b), 1e-10) for a, b in zip(ys, ref_ys)]
-            bottom.semilogy(xs, gaps, style, label=f"|{label} - {reference}|", linewidth=1.2)
+            bottom.semilogy(xs, gaps, style, label=f"|{label} - {reference}|", linewidth=1.2, color=line.get_color())
     top.set_title(title)
     top.set_ylabel("loss")
     bottom.set_ylabel("|gap| (floor 1e-10)")
