@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from plscale.errors import UserError, did_you_mean
 from plscale.predict import memory
 from plscale.predict.presets import ModelConfig, layer_params, param_count
-from plscale.predict.tensor_parallel import Collective, check_divisible, params_per_rank
+from plscale.predict.tensor_parallel import check_divisible, params_per_rank
 from plscale.predict.tensor_parallel import collectives as tp_collectives
 
 LAYOUTS = ("dp", "fsdp", "fsdp_tp", "pipeline")
@@ -111,20 +111,38 @@ def formulas(config: ModelConfig, m: Mesh) -> dict:
     return {name: estimate.term(name).formula for name in ("parameters", "moments")}
 
 
-def by_hand(config: ModelConfig, m: Mesh, seq: int, batch: int, micro_batches: int = 1) -> list[Collective]:
+@dataclass(frozen=True)
+class Traffic:
+    """One kind of collective a strategy issues per optimizer step on one device, along one mesh axis."""
+    op: str        # all_reduce, all_gather, reduce_scatter, send_recv
+    phase: str     # forward or backward
+    axis: str      # the mesh axis it runs along: data, model or stage
+    calls: int
+    bytes: int     # per call: all-reduce its tensor, all-gather its output, reduce-scatter its input
+    where: str
+
+    @property
+    def total(self) -> int:
+        return self.calls * self.bytes
+
+
+def by_hand(config: ModelConfig, m: Mesh, seq: int, batch: int, micro_batches: int = 1) -> list[Traffic]:
     """What the PyTorch twin issues per optimizer step on one device (fp32): the collectives the
-    PyTorch labs make by hand or through DeepSpeed, for the same model, mesh and batch."""
+    PyTorch labs make by hand or through DeepSpeed, for the same model, mesh and batch. Gradients
+    and gathered weights are counted in bytes, whatever the buckets or modules they go in."""
     grads = FP32 * model_parallel_params(config, m)
-    if m.layout in ("dp", "pipeline"):
-        rows = [Collective("all_reduce", "backward", "gradients over the data axis", 1, grads)] if m.size("data") > 1 else []
-        if m.layout == "pipeline":
-            act = batch // m.size("data") // micro_batches * seq * config.hidden * FP32
-            rows += [Collective("send_recv", "forward", "activations to the next stage", micro_batches, act),
-                     Collective("send_recv", "backward", "their gradients to the previous stage", micro_batches, act)]
-        return rows
-    rows = [Collective("all_gather", "forward", "parameters, layer by layer", 1, grads),
-            Collective("all_gather", "backward", "parameters again, layer by layer", 1, grads),
-            Collective("reduce_scatter", "backward", "gradients to their shards", 1, grads)]
+    rows = []
+    if m.layout in ("dp", "pipeline") and m.size("data") > 1:
+        rows.append(Traffic("all_reduce", "backward", "data", 1, grads, "gradients"))
+    if m.layout == "pipeline":
+        act = batch // m.size("data") // micro_batches * seq * config.hidden * FP32
+        rows += [Traffic("send_recv", "forward", "stage", micro_batches, act, "activations to the next stage"),
+                 Traffic("send_recv", "backward", "stage", micro_batches, act, "their gradients to the previous stage")]
+    if m.layout in ("fsdp", "fsdp_tp"):
+        rows += [Traffic("all_gather", "forward", "data", 1, grads, "weights, layer by layer"),
+                 Traffic("all_gather", "backward", "data", 1, grads, "weights again, layer by layer"),
+                 Traffic("reduce_scatter", "backward", "data", 1, grads, "gradients to their shards")]
     if m.layout == "fsdp_tp":
-        rows += tp_collectives(config, m.size("model"), seq, batch // m.size("data"), "fp32")
+        rows += [Traffic(r.op, r.phase, "model", r.calls, r.bytes, r.where)
+                 for r in tp_collectives(config, m.size("model"), seq, batch // m.size("data"), "fp32")]
     return rows
