@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from plscale.run.launch import DEVICE_COUNT, with_device_count  # imports neither torch nor jax
+
 # 4 simulated CPU devices for the JAX tests: XLA reads this when JAX starts its CPU backend.
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+if DEVICE_COUNT not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 4)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PLSCALE_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -1,5 +1,6 @@
 """Launching a JAX lab: one process holding N devices (simulated CPU devices without GPUs), not
-N ranks; what does not apply to one process is refused in one line; the runtime's run directory."""
+N ranks; what does not apply to one process, and a missing or too old JAX, are refused in one line;
+the runtime's run directory."""
 
 import importlib.util
 import json
@@ -11,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import only_run, run_cli
+from conftest import ROOT, only_run, run_cli
 from plscale.cli import main as cli_main
 from plscale.errors import UserError
 from plscale.run import labs
-from plscale.run.launch import Options, plan
+from plscale.run.launch import DEVICE_COUNT as COUNT
+from plscale.run.launch import JAX_FLOOR, Options, missing_jax, plan
 
 RUN = Path("/tmp/run-x")
-COUNT = "--xla_force_host_platform_device_count"
+MISSING_JAX = "Lab jax-gspmd needs JAX, an optional extra: pip install 'plscale[jax]' (CPU wheels), then run it again."
 REAL_FIND_SPEC = importlib.util.find_spec
 
 
@@ -49,7 +51,7 @@ def test_cpu_plan_is_one_process_with_n_simulated_devices(gspmd):
     lab, variant = gspmd
     p = plan(lab, variant, Options(gpus=2), gpus_present=[]).at(RUN)
     assert p.argv == [sys.executable, str(lab.entry_path), "--run-dir", str(RUN)]
-    assert p.launcher == "jax" and p.processes == 1 and p.world_size == 2 and p.device == "cpu"
+    assert p.launcher == "jax" and p.world_size == 2 and p.device == "cpu"
     assert p.env["XLA_FLAGS"] == f"{COUNT}=2" and p.env["JAX_PLATFORMS"] == "cpu"
     assert p.env["CUDA_VISIBLE_DEVICES"] == "" and "DS_ACCELERATOR" not in p.env
     assert p.env["OMP_NUM_THREADS"] == "8"  # one process: every core, not cores / devices
@@ -72,7 +74,7 @@ def test_a_users_xla_flags_are_kept_and_their_device_count_replaced(gspmd, monke
 def test_gpus_with_the_cuda_plugin(gspmd, monkeypatch):
     installed(monkeypatch, "jax", "jax_cuda12_plugin")
     p = plan(*gspmd, Options(gpus=2), gpus_present=["H100"] * 4)
-    assert p.device == "cuda" and p.world_size == 2 and p.processes == 1
+    assert p.device == "cuda" and p.world_size == 2
     assert p.env["CUDA_VISIBLE_DEVICES"] == "0,1" and p.env["JAX_PLATFORMS"] == "cuda" and "XLA_FLAGS" not in p.env
     assert "one process with 2 CUDA GPU(s) (H100)" in p.notice
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # the user's GPUs, not GPUs 0 and 1
@@ -117,9 +119,21 @@ def test_missing_jax_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path):
     installed(monkeypatch)  # no jax
     monkeypatch.setenv("PLSCALE_RUNS_DIR", str(tmp_path / "runs"))
     code, _, err = run_main(monkeypatch, capsys, "lab", "run", "jax-gspmd")
-    assert code == 2 and err.strip() == ("error: Lab jax-gspmd needs JAX, an optional extra: pip install "
-                                         "'plscale[jax]' (CPU wheels), then run it again.")
+    assert code == 2 and err.strip() == f"error: {MISSING_JAX}"
     assert not (tmp_path / "runs").exists()
+
+
+def test_too_old_jax_is_one_line_naming_the_version_needed(gspmd, monkeypatch):
+    monkeypatch.setattr("plscale.run.launch.version", lambda name: "0.4.35")
+    with pytest.raises(UserError, match=re.escape(f"Lab jax-gspmd needs JAX {JAX_FLOOR} or newer, and this "
+                                                  f"environment has 0.4.35: pip install -U 'jax>={JAX_FLOOR}'")):
+        plan(*gspmd, Options(), gpus_present=[])
+    monkeypatch.setattr("plscale.run.launch.version", lambda name: f"{JAX_FLOOR}.dev20260101")
+    assert plan(*gspmd, Options(), gpus_present=[]).launcher == "jax"
+
+
+def test_the_floor_is_the_jax_extras():
+    assert f'jax = ["jax>={JAX_FLOOR}"]' in (ROOT / "pyproject.toml").read_text()
 
 
 def test_dry_run_shows_the_plan(monkeypatch, capsys):
@@ -141,11 +155,12 @@ launcher: jax
 ranks: {default: 4, allowed: [2, 4]}
 settings: {seed: 0, train: {steps: 2}, fail: false, ds: {stage: 0, micro_batch: 2}}
 """
-TINY_SCRIPT = """import jax.numpy as jnp
-from plscale.jaxlab import runtime
+TINY_SCRIPT = """from plscale.jaxlab import runtime
 from plscale.rank.metrics import figure
 
-ctx = runtime.start(__file__)
+ctx = runtime.start(__file__)  # before jax, as gspmd.py does
+import jax.numpy as jnp
+
 total = float(jnp.sum(jnp.arange(8.0)))
 ctx.metrics.step(step=0, loss=total)
 ctx.check("sum", total == 28 and not ctx.settings["fail"], str(total))
@@ -154,13 +169,18 @@ ctx.finish([figure("devices", ctx.world_size)], platform=ctx.platform)
 
 
 @pytest.fixture
-def tiny(tmp_path):
-    pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+def tiny_files(tmp_path):
     folder = tmp_path / "labs" / "01_tiny"
     folder.mkdir(parents=True)
     (folder / "lab.yaml").write_text(TINY_LAB)
     (folder / "tiny.py").write_text(TINY_SCRIPT)
     return folder
+
+
+@pytest.fixture
+def tiny(tiny_files):
+    pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+    return tiny_files
 
 
 def test_runtime_under_plscale_lab_run(tiny, tmp_path):
@@ -189,3 +209,17 @@ def test_runtime_by_hand_failed_check_and_bad_setting(tiny, tmp_path):
     bad = run("--set", "nope=1")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: Unknown setting 'nope'. "
                                                                       "See the settings with `plscale lab show LAB`."]
+
+
+def test_runtime_by_hand_with_a_broken_jax_is_one_line(tiny_files, tmp_path):
+    no_jax = tmp_path / "no_jax" / "jax"  # a jax whose import fails, in front of the installed one
+    no_jax.mkdir(parents=True)
+    (no_jax / "__init__.py").write_text("raise ImportError(\"No module named 'jax'\")\n")
+    env = {**os.environ, "PLSCALE_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": os.pathsep.join([str(no_jax.parent), str(ROOT)])}
+    out = subprocess.run([sys.executable, str(tiny_files / "tiny.py")], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: JAX is installed but does not import (No module named 'jax'): reinstall it with "
+        "pip install --force-reinstall 'plscale[jax]'."]
+    assert not (tmp_path / "runs").exists()

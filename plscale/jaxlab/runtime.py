@@ -8,16 +8,16 @@ Under `plscale lab run` the host has resolved the settings, the lab's checks and
 DeepSpeed config into the run directory (--run-dir), and its environment gives the process
 its devices. Run by hand (`python labs/10_jax_gspmd/gspmd.py --set train.steps=5`) it
 resolves them itself with the same code, on the lab's default count of simulated CPU
-devices unless XLA_FLAGS names one, and makes a run directory.
+devices unless XLA_FLAGS names one, and makes a run directory. Without JAX, or with one
+too old, it says so in the launcher's one line and exits 2.
 """
 
-import argparse
 import os
 import platform
 import random
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +26,18 @@ from plscale.errors import UserError
 from plscale.files import write_json
 from plscale.rank import logs
 from plscale.rank.metrics import Metrics
-from plscale.run.labs import load_lab
-from plscale.run.launch import DEVICE_COUNT, with_device_count
-from plscale.run.resolve import Topology, resolve_run
-from plscale.run.rundir import new_run_dir, read_inputs
+from plscale.run import entry
+from plscale.run.launch import DEVICE_COUNT, jax_problem, missing_jax, with_device_count
+from plscale.run.resolve import Topology
+from plscale.run.rundir import new_run_dir
 
 
 @dataclass
-class Context:
-    lab: str
-    variant: str
-    settings: dict
-    ds_config: dict
-    run_dir: Path
+class Context(entry.Context):
+    """The run's inputs, run directory, metrics and checks (entry.Context), and the devices."""
     devices: list        # every device of this process: jax.devices()
     platform: str        # "cpu" or "gpu"
-    metrics: Metrics
-    checks: list = field(default_factory=list)
-    is_main: bool = True  # one process: it logs and writes everything
+    is_main = True       # one process: it logs and writes everything
 
     @property
     def world_size(self) -> int:
@@ -52,47 +46,6 @@ class Context:
     @property
     def backend(self) -> str:
         return f"xla-{self.platform}"
-
-    def log(self, *args) -> None:
-        print(*args, flush=True)
-
-    def check(self, name: str, ok: bool, detail: str) -> None:
-        """A property the lab asserts; a failed check makes the run exit 1."""
-        self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
-        self.log(f"  [{'ok' if ok else 'FAIL'}] {name}: {detail}")
-
-    def finish(self, figures: list, **extra) -> None:
-        passed = all(c["ok"] for c in self.checks)
-        self.metrics.summary(self.lab, self.variant, figures, checks=self.checks, passed=passed,
-                             world_size=self.world_size, backend=self.backend, **extra)
-        self.metrics.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0 if passed else 1)  # like the torch runtime: no teardown of the runtime's threads
-
-
-def _args(argv):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--run-dir", default=None, help="written by `plscale lab run`: settings and config are read there")
-    # Run by hand (no --run-dir) the process resolves the run itself from these:
-    parser.add_argument("--variant", default=None)
-    parser.add_argument("--ds-config", default=None)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--set", dest="sets", action="append", default=[])
-    return parser.parse_args(argv)
-
-
-def _inputs(lab, args, entry_file: str, topology) -> tuple[str, dict, dict]:
-    """(variant, settings, DeepSpeed config): as the host wrote them, or resolved here as
-    `plscale lab run` would."""
-    if args.run_dir:
-        if args.variant or args.ds_config or args.steps is not None or args.sets:
-            raise UserError("--run-dir carries the settings: drop --variant, --ds-config, --steps and --set.")
-        record, ds_config = read_inputs(Path(args.run_dir))
-        return record["variant"], record["settings"], ds_config
-    variant = lab.variant_for(args.variant, Path(entry_file))
-    run = resolve_run(lab, variant, topology, args.sets, args.steps, args.ds_config)
-    return run.variant.name, run.settings, run.ds_config
 
 
 def describe(devices: list, platform_name: str) -> dict:
@@ -119,20 +72,28 @@ def _hand_device_count(lab, args, entry_file: str) -> None:
     os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), count)
 
 
-def start(entry_file: str, argv=None) -> Context:
-    args = _args(sys.argv[1:] if argv is None else argv)
+def _devices(lab_id: str) -> list:
+    """jax.devices(); without a recent enough JAX, the launcher's one line."""
+    if problem := jax_problem(lab_id):
+        raise UserError(problem)
     try:
-        lab = load_lab(Path(entry_file).resolve().parent)
-        _hand_device_count(lab, args, entry_file)
         import jax
+    except ImportError as exc:  # installed (jax_problem found it) but broken
+        raise UserError(f"JAX is installed but does not import ({exc}): reinstall it with "
+                        f"pip install --force-reinstall 'plscale[jax]'.") from None
+    return jax.devices()
 
-        devices = jax.devices()
+
+def start(entry_file: str, argv=None) -> Context:
+    args = entry.arguments().parse_args(sys.argv[1:] if argv is None else argv)
+    with entry.one_line_errors():
+        lab = entry.lab_of(entry_file)
+        _hand_device_count(lab, args, entry_file)
+        devices = _devices(lab.id)
         platform_name = devices[0].platform  # "cpu" or "gpu"
         topology = Topology(len(devices), "cuda" if platform_name == "gpu" else "cpu")
-        variant, settings, ds_config = _inputs(lab, args, entry_file, topology)
-    except UserError as exc:  # one line, no traceback
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        os._exit(exc.exit_code)
+        record, ds_config = entry.inputs(lab, args, entry_file, lambda: topology)
+    variant, settings = record["variant"], record["settings"]
 
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(lab.id, variant)
     logs.setup(run_dir, 0)
@@ -140,8 +101,5 @@ def start(entry_file: str, argv=None) -> Context:
     random.seed(seed)
     np.random.seed(seed)
     write_json(run_dir / "system.json", describe(devices, platform_name))
-    if not args.run_dir:  # by hand: record what this run resolved
-        write_json(run_dir / "ds_config.json", ds_config)
-        write_json(run_dir / "settings.json", {"lab": lab.id, "variant": variant, "settings": settings,
-                                               "ds_config": args.ds_config or "generated from settings.ds"})
-    return Context(lab.id, variant, settings, ds_config, run_dir, devices, platform_name, Metrics(run_dir, 0))
+    entry.record_resolved(run_dir, args, record, ds_config)
+    return Context(lab.id, variant, settings, ds_config, run_dir, Metrics(run_dir, 0), devices, platform_name)

@@ -11,8 +11,10 @@ or N CPU devices XLA simulates (XLA_FLAGS=--xla_force_host_platform_device_count
 """
 
 import os
+import re
 import shlex
 from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from plscale.run.labs import Lab, Variant
 
 DEVICE_COUNT = "--xla_force_host_platform_device_count"     # XLA_FLAGS: devices of the CPU platform
 CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")  # what JAX needs to see GPUs
+JAX_FLOOR = "0.8.2"  # the oldest JAX the JAX labs run on: pyproject's [jax] extra says the same
 
 
 @dataclass
@@ -63,11 +66,6 @@ class Plan:
     def at(self, run_dir: Path) -> "Plan":
         """This plan, bound to its run directory and a port."""
         return replace(self, run_dir=Path(run_dir), master_port=self.master_port or free_port())
-
-    @property
-    def processes(self) -> int:
-        """Processes started on this node: one per rank, or one holding every device (jax)."""
-        return 1 if self.launcher == "jax" else self.ranks
 
     @property
     def argv(self) -> list:
@@ -159,10 +157,32 @@ def _launcher(lab: Lab, variant: Variant, opts: Options) -> str:
     if launcher == "jax" and required != "jax":
         raise UserError(f"Lab {lab.id} is a PyTorch lab: --launcher jax runs JAX labs only (launcher: jax in their "
                         f"lab.yaml); drop --launcher.")
-    if launcher == "jax" and find_spec("jax") is None:
-        raise UserError(f"Lab {lab.id} needs JAX, an optional extra: pip install 'plscale[jax]' (CPU wheels), "
-                        f"then run it again.")
+    if launcher == "jax" and (problem := jax_problem(lab.id)):
+        raise UserError(problem)
     return launcher
+
+
+def jax_problem(lab_id: str) -> str | None:
+    """One line when JAX is missing or older than the JAX labs need, else None; imports nothing."""
+    if find_spec("jax") is None:
+        return missing_jax(lab_id)
+    try:
+        found = version("jax")
+    except PackageNotFoundError:  # importable without an installed distribution (a source tree): trust it
+        return None
+    if _release(found) < _release(JAX_FLOOR):
+        return (f"Lab {lab_id} needs JAX {JAX_FLOOR} or newer, and this environment has {found}: "
+                f"pip install -U 'jax>={JAX_FLOOR}' (on GPUs 'jax[cuda12]>={JAX_FLOOR}'), then run it again.")
+    return None
+
+
+def missing_jax(lab_id: str) -> str:
+    return f"Lab {lab_id} needs JAX, an optional extra: pip install 'plscale[jax]' (CPU wheels), then run it again."
+
+
+def _release(text: str) -> tuple:
+    """(major, minor, patch) of a version string: "0.9.0.1" -> (0, 9, 0), "0.10.3.dev1" -> (0, 10, 3)."""
+    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
 
 
 def _check_one_process(opts: Options) -> None:
