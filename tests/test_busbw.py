@@ -100,3 +100,10 @@ def test_csv_round_trips(tmp_path):
     busbw.write_csv(tmp_path / "b.csv", [row])
     back = busbw.read_csv(tmp_path / "b.csv")[0]
     assert back["op"] == "broadcast" and back["size"] == 32768 and back["busbw"] == 0.33 and back["ratio"] is None
+
+
+def test_ring_bytes_sent_per_rank():
+    """13 elements on 4 ranks: chunks 4, 3, 3, 3; rank r sends all but chunks r+1 and r+2."""
+    from plscale.predict.busbw import bus_factor, ring_bytes_sent
+    assert ring_bytes_sent(13, 4, 4) == [(26 - 3 - 3) * 4, (26 - 3 - 3) * 4, (26 - 3 - 4) * 4, (26 - 4 - 3) * 4]
+    assert sum(ring_bytes_sent(16, 4, 4)) / 4 == bus_factor("all_reduce", 4) * 16 * 4

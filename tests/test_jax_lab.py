@@ -26,7 +26,8 @@ def test_four_layouts_one_loss_curve_and_the_memory_model(cli):
     names = {c["name"] for c in s["checks"]}
     assert {"the first loss is the PyTorch model's on the same weights and batch",
             "every layout follows dp's loss curve", "fsdp_tp: Megatron's g, an all-reduce over model after "
-            "attention and after the MLP"} <= names
+            "attention and after the MLP", "pipeline: XLA reduces each gradient once over data",
+            "pipeline: each of the m + p - 1 = 5 ticks passes one micro-batch on (backward)"} <= names
     dp = s["losses"]["dp"]
     assert set(s["losses"]) == set(sharding.LAYOUTS)
     for losses in s["losses"].values():
@@ -37,6 +38,18 @@ def test_four_layouts_one_loss_curve_and_the_memory_model(cli):
         assert held == sharding.states_per_device(config, sharding.mesh(name, 4)), name
     for plot in s["plots"]:
         assert (run_dir / plot).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.e2e
+def test_two_devices_leave_a_data_axis_of_one(cli):
+    """fsdp_tp on 2 devices is data 1 x model 2, the pipeline stage 2 x data 1: nothing to
+    gather or reduce over data, and the lab expects nothing there."""
+    out = cli("lab", "run", "jax", *TINY, "--gpus", "2", "--set", "layouts=[fsdp_tp,pipeline]", "--steps", "2")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    s = load_summary(only_run(cli.runs))
+    assert s["passed"] and s["world_size"] == 2
+    config = preset("tiny").with_vocab(s["vocab"])
+    assert s["held"]["fsdp_tp"] == sharding.states_per_device(config, sharding.mesh("fsdp_tp", 2))
 
 
 @pytest.mark.e2e
@@ -53,6 +66,9 @@ def test_collectives_by_definition_on_two_devices(cli):
     ("layouts=[dp,zero3]", "layouts: unknown layout 'zero3'"),
     ("mesh.tp=3", "mesh.tp 3 on 4 devices"),
     ("ds.precision=bf16", "trains in fp32"),
+    ("ds.grad_clip=1.0", "does not clip gradients"),
+    ("pipeline.micro_batches=0", "pipeline.micro_batches 0: use a whole number"),
+    ("parity.tolerance=2", "parity.tolerance 2"),
 ])
 def test_bad_settings_fail_in_one_line(cli, setting, words):
     out = cli("lab", "run", "jax", "--cpu", "--set", setting)

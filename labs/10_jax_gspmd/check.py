@@ -26,6 +26,13 @@ def check(settings: dict, topology) -> None:
     if ds["precision"] != "fp32" or ds["grad_accum"] != 1:
         raise UserError("The JAX lab trains in fp32 with one micro-batch per step: keep ds.precision=fp32 and "
                         "ds.grad_accum=1 (the pipeline splits its batch with pipeline.micro_batches).")
+    if ds["stage"] != 0 or ds["grad_clip"] != 0:
+        raise UserError("The JAX lab shards by layout, not by ZeRO stage, and does not clip gradients: keep "
+                        "ds.stage=0 and ds.grad_clip=0 (pick fsdp in layouts for ZeRO-3's sharding).")
+    for key in ("tolerance", "first_loss"):
+        value = settings["parity"][key]
+        if not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise UserError(f"parity.{key} {value!r}: give a relative tolerance between 0 and 1, e.g. 1e-4.")
     steps = settings["train"]["steps"]
     if not isinstance(steps, int) or steps < 2:
         raise UserError(f"train.steps {steps!r}: use a whole number of at least 2.")

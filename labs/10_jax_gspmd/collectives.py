@@ -13,13 +13,18 @@ from ppermute alone: its trace, its check, and the bytes each device sends, 2(N-
 """
 
 import numpy as np
-from jax import lax
 
-from plscale.jaxlab import collectives as C
-from plscale.jaxlab import hlo, runtime
-from plscale.rank.metrics import figure
+from plscale.jaxlab import runtime
 
-ctx = runtime.start(__file__)
+ctx = runtime.start(__file__)  # before jax picks its devices
+
+from jax import lax  # noqa: E402
+
+from plscale.jaxlab import collectives as C  # noqa: E402
+from plscale.jaxlab import hlo  # noqa: E402
+from plscale.predict.busbw import bus_factor, ring_bytes_sent  # noqa: E402
+from plscale.rank.metrics import figure  # noqa: E402
+
 N, K = ctx.world_size, int(ctx.settings["collectives"]["numel"])  # K: elements per device, not a multiple of N
 mesh = C.line_mesh(ctx.devices)
 figures = []
@@ -101,15 +106,16 @@ ctx.check("a ring one step short fails", not broken.ok, f"the definition catches
 # Count the traffic: bytes each device sends, read from the compiled program's collective-permutes.
 size = K * 4
 sent = hlo.permute_bytes_sent(ring.ops)
-want = C.ring_bytes_sent(K, 4, N)
+want = ring_bytes_sent(K, 4, N)
 ctx.log(f"\nring traffic, S = {size} B: every chunk but two leaves each device")
 for d in range(N):
     ctx.log(f"  device {d}: sent {sent.get(d, 0)} B = {sent.get(d, 0) / size:.3f} S   (by the definition {want[d]} B)")
 mean = sum(sent.values()) / N / size
-ctx.check("ring traffic", [sent.get(d, 0) for d in range(N)] == want and abs(mean - 2 * (N - 1) / N) < 1e-9,
-          f"{mean:.3f} S per device on average, 2(N-1)/N = {2 * (N - 1) / N:.3f}")
+factor = bus_factor("all_reduce", N)  # 2(N-1)/N
+ctx.check("ring traffic", [sent.get(d, 0) for d in range(N)] == want and abs(mean - factor) < 1e-9,
+          f"{mean:.3f} S per device on average, 2(N-1)/N = {factor:.3f}")
 figures += [
-    figure("ring: bytes sent per device / S", round(mean, 4), "x", round(2 * (N - 1) / N, 4),
+    figure("ring: bytes sent per device / S", round(mean, 4), "x", round(factor, 4),
            f"mean over devices, read from the HLO's collective-permutes; {K} elements do not split evenly"),
     figure("ring: collective-permutes compiled", len(ring.ops), "", 2 * (N - 1) * N,
            "one per chunk per step: chunks differ in size, a program has static shapes"),

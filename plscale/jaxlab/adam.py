@@ -31,6 +31,7 @@ class Adam:
         self.b1, self.b2 = p["betas"]
 
     def init(self, params) -> dict:
+        # m and v: two trees of zeros, not one tree twice (the step donates both buffers)
         return {"step": jnp.zeros((), jnp.int32), "m": jax.tree.map(jnp.zeros_like, params),
                 "v": jax.tree.map(jnp.zeros_like, params)}
 

@@ -171,13 +171,6 @@ def ring_trace(mesh: Mesh, rows) -> np.ndarray:
     return np.asarray(program(rows)).transpose(1, 0, 2)
 
 
-def ring_bytes_sent(numel: int, itemsize: int, n: int) -> list[int]:
-    """What the ring's definition says device r sends: every chunk but two (it never sends the
-    chunk r+1 in the reduce-scatter, nor r+2 in the all-gather); 2(n-1)/n x S on average."""
-    sizes = [b - a for a, b in chunk_bounds(numel, n)]
-    return [(2 * numel - sizes[(r + 1) % n] - sizes[(r + 2) % n]) * itemsize for r in range(n)]
-
-
 # ---- Named axes: a 2-D mesh ---------------------------------------------------------------------
 def grid_psum(devices, rows, axis: str, shape: tuple[int, int] | None = None) -> Result:
     """psum over one axis of a ("data", "model") mesh (2 x n/2 unless shape is given): devices

@@ -144,7 +144,10 @@ def axes_of(c: Collective, mesh_axes) -> tuple:
     coords = np.stack(np.unravel_index(np.arange(int(np.prod(sizes))), sizes), axis=1)
     varying = set()
     for group in c.groups:
-        ids = [p for p in group if p < len(coords)]
+        if max(group) >= len(coords):
+            raise ValueError(f"{c.name}: group {group} names a partition beyond the mesh's {len(coords)}: "
+                             f"jax device ids where partition ids belong?")
+        ids = list(group)
         varying |= {i for i in range(len(names)) if len({int(coords[p][i]) for p in ids}) > 1}
     return tuple(names[i] for i in sorted(varying))
 

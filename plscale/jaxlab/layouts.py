@@ -37,10 +37,15 @@ ROW = ("o", "down")                         # [in, out]: split the inputs over "
 
 
 def mesh_for(layout: str, devices, tp: int = 2, stages: int = 2) -> Mesh:
-    """The layout's mesh as plscale.predict.sharding.mesh names it (dp, fsdp: ("data",) of n;
-    fsdp_tp: ("data", "model") of (n / tp, tp); pipeline: ("stage", "data") of (stages, n / stages)),
-    over these devices. Auto axes: GSPMD decides what the annotations leave open."""
-    names, sizes = zip(*sharding.mesh(layout, len(devices), tp, stages).axes)
+    """The layout's mesh over these devices (dp, fsdp: ("data",) of n; fsdp_tp: ("data", "model")
+    of (n / tp, tp); pipeline: ("stage", "data") of (stages, n / stages))."""
+    return device_mesh(sharding.mesh(layout, len(devices), tp, stages), devices)
+
+
+def device_mesh(plan: sharding.Mesh, devices) -> Mesh:
+    """The mesh plscale.predict.sharding planned, over these devices. Auto axes: GSPMD decides
+    what the annotations leave open."""
+    names, sizes = zip(*plan.axes)
     return Mesh(np.array(devices).reshape(sizes), names, axis_types=(AxisType.Auto,) * len(names))
 
 
@@ -84,9 +89,8 @@ def param_specs(layout: str, params, mesh: Mesh | None = None):
     return jax.tree_util.tree_map_with_path(one, params)
 
 
-def batch_spec(layout: str) -> P:
-    """tokens and targets [B, s]: the batch split over "data" in every layout."""
-    return P("data", None)
+# tokens and targets [B, s]: the batch split over "data" in every layout
+BATCH = P("data", None)
 
 
 def constrain_for(layout: str, mesh: Mesh):
@@ -108,7 +112,7 @@ def _shapes(config: ModelConfig):
 def shardings(layout: str, mesh: Mesh, params):
     """NamedShardings of (params, Adam's state, batch): the moments sharded as the params."""
     named = jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(layout, params, mesh))
-    return named, state_like(named, NamedSharding(mesh, P())), NamedSharding(mesh, batch_spec(layout))
+    return named, state_like(named, NamedSharding(mesh, P())), NamedSharding(mesh, BATCH)
 
 
 def place(layout: str, mesh: Mesh, params, state):

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from plscale.errors import UserError
 from plscale.jaxlab import model
+from plscale.predict import sharding
 from plscale.predict.presets import ModelConfig
 
 
@@ -58,12 +58,7 @@ def pipeline_loss(params, tokens, targets, config: ModelConfig, mesh, micro_batc
     stages, data = mesh.shape["stage"], mesh.shape["data"]
     b, s = tokens.shape
     m = micro_batches
-    if config.layers % stages:
-        raise UserError(f"{config.layers} layers do not split into {stages} pipeline stages: use a divisor of "
-                        f"{config.layers}.")
-    if m < 1 or b % (m * data):
-        raise UserError(f"A batch of {b} does not split into {m} micro-batches x {data} data shards: use a "
-                        f"batch that is a multiple of micro_batches x {data}.")
+    sharding.check(config, sharding.mesh("pipeline", stages * data, stages=stages), b, m)
     # Micro-batch i takes rows i, i + m, i + 2m...: each data shard keeps its own rows.
     xs = model.embed(params, tokens).reshape(b // m, m, s, -1).swapaxes(0, 1)
     run = jax.shard_map(lambda w, x: gpipe(w, x, config, stages), mesh=mesh,

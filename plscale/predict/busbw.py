@@ -139,6 +139,14 @@ def bus_factor(op: str, ranks: int) -> float:
     return BUS_FACTORS[op](ranks)
 
 
+def ring_bytes_sent(numel: int, itemsize: int, n: int) -> list[int]:
+    """Bytes rank r of a ring all-reduce sends, numel elements cut into n chunks differing by at
+    most one (as torch.tensor_split cuts them): every chunk but two (it never sends chunk r+1 in
+    the reduce-scatter, nor r+2 in the all-gather), 2(n-1)/n x S on average (the bus factor)."""
+    sizes = [numel // n + (i < numel % n) for i in range(n)]
+    return [(2 * numel - sizes[(r + 1) % n] - sizes[(r + 2) % n]) * itemsize for r in range(n)]
+
+
 def bandwidths(op: str, size: int, seconds: float, ranks: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (10^9 bytes per second, as nccl-tests prints)."""
     algbw = size / seconds / 1e9

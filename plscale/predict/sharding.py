@@ -69,6 +69,8 @@ def mesh(layout: str, devices: int, tp: int = 2, stages: int = 2) -> Mesh:
 
 def check(config: ModelConfig, m: Mesh, batch: int, micro_batches: int = 1) -> None:
     """What the model and batch must divide on this mesh, one line each."""
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise UserError(f"pipeline.micro_batches {micro_batches!r}: use a whole number, 1 or more.")
     if m.size("model") > 1:
         check_divisible(config, m.size("model"))
     if config.layers % m.size("stage"):
@@ -138,7 +140,7 @@ def by_hand(config: ModelConfig, m: Mesh, seq: int, batch: int, micro_batches: i
         act = batch // m.size("data") // micro_batches * seq * config.hidden * FP32
         rows += [Traffic("send_recv", "forward", "stage", micro_batches, act, "activations to the next stage"),
                  Traffic("send_recv", "backward", "stage", micro_batches, act, "their gradients to the previous stage")]
-    if m.layout in ("fsdp", "fsdp_tp"):
+    if m.layout in ("fsdp", "fsdp_tp") and m.size("data") > 1:
         rows += [Traffic("all_gather", "forward", "data", 1, grads, "weights, layer by layer"),
                  Traffic("all_gather", "backward", "data", 1, grads, "weights again, layer by layer"),
                  Traffic("reduce_scatter", "backward", "data", 1, grads, "gradients to their shards")]
@@ -146,3 +148,22 @@ def by_hand(config: ModelConfig, m: Mesh, seq: int, batch: int, micro_batches: i
         rows += [Traffic(r.op, r.phase, "model", r.calls, r.bytes, r.where)
                  for r in tp_collectives(config, m.size("model"), seq, batch // m.size("data"), "fp32")]
     return rows
+
+
+def gpipe_ticks(stages: int, micro_batches: int) -> int:
+    """Ticks of GPipe written as one SPMD program: every stage works (or idles on zeros, the
+    bubble) and passes its activations on at each of m + p - 1 ticks, forward and backward."""
+    return micro_batches + stages - 1
+
+
+def gradient_bytes(config: ModelConfig, m: Mesh) -> tuple[int, int]:
+    """(least, most) bytes a device's gradients put through the data axis's reductions in one
+    step when each gradient is reduced once: 4Ψ of its model-parallel part, and at most the
+    tied embedding's gradient once more (XLA reduces the lookup's part and the output head's
+    part of it separately, measured) plus 4 KiB of scalars (the loss). More means some
+    gradient was reduced more than once (say, at every pipeline tick)."""
+    if m.size("data") == 1:
+        return 0, 4096
+    grads = FP32 * model_parallel_params(config, m)
+    tied = FP32 * config.vocab * config.hidden // m.size("model") if config.tie_embeddings else 0
+    return grads, grads + tied + 4096
