@@ -4,7 +4,7 @@ on sub-meshes of the 4 simulated CPU devices that tests/conftest.py asks XLA for
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
 
 from plscale.jaxlab import collectives as C  # noqa: E402
 from plscale.jaxlab import hlo  # noqa: E402

@@ -4,7 +4,7 @@ holds (plscale/jaxlab/placement.py), on tiny programs with known answers."""
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
 
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402

@@ -9,7 +9,7 @@ from conftest import load_summary, only_run
 from plscale.predict import sharding
 from plscale.predict.presets import preset
 
-pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
 
 TINY = ["--cpu", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32"]
 
@@ -74,4 +74,14 @@ def test_bad_settings_fail_in_one_line(cli, setting, words):
     out = cli("lab", "run", "jax", "--cpu", "--set", setting)
     assert out.returncode == 2, out.stdout + out.stderr
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
+
+
+def test_a_ds_config_file_is_held_to_the_same_rules(cli, tmp_path):
+    """The lab reads Adam and the micro batch from the DeepSpeed config; a user's --ds-config that
+    asks for what it would ignore (ZeRO-3, bf16, clipping) is refused in one line, naming the file."""
+    out = cli("lab", "run", "jax", "--cpu", "--ds-config", "ds_configs/zero3.json")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: ds_configs/zero3.json: The JAX lab shards by layout, not by ZeRO stage: use ZeRO stage 0 without "
+        "offload (ds.stage=0; pick fsdp in layouts for ZeRO-3's sharding)."], out.stderr
     assert not cli.runs.exists() or not any(cli.runs.iterdir())

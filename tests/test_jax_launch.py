@@ -17,10 +17,11 @@ from plscale.cli import main as cli_main
 from plscale.errors import UserError
 from plscale.run import labs
 from plscale.run.launch import DEVICE_COUNT as COUNT
-from plscale.run.launch import JAX_FLOOR, Options, missing_jax, plan
+from plscale.run.launch import JAX_FLOOR, Options, plan
 
 RUN = Path("/tmp/run-x")
-MISSING_JAX = "Lab jax-gspmd needs JAX, an optional extra: pip install 'plscale[jax]' (CPU wheels), then run it again."
+MISSING_JAX = ("Lab jax-gspmd needs JAX, an optional extra: pip install -e '.[jax]' in the plscale checkout "
+               f"(or pip install 'jax>={JAX_FLOOR}'; CPU wheels), then run it again.")
 REAL_FIND_SPEC = importlib.util.find_spec
 
 
@@ -179,7 +180,7 @@ def tiny_files(tmp_path):
 
 @pytest.fixture
 def tiny(tiny_files):
-    pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+    pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
     return tiny_files
 
 
@@ -221,5 +222,5 @@ def test_runtime_by_hand_with_a_broken_jax_is_one_line(tiny_files, tmp_path):
                          timeout=120)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: JAX is installed but does not import (No module named 'jax'): reinstall it with "
-        "pip install --force-reinstall 'plscale[jax]'."]
+        f"pip install --force-reinstall 'jax>={JAX_FLOOR}' 'jaxlib>={JAX_FLOOR}'."]
     assert not (tmp_path / "runs").exists()

@@ -8,7 +8,7 @@ from functools import cache
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
 
 from jax.sharding import PartitionSpec as P
 

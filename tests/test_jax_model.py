@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install 'plscale[jax]'")
+jax = pytest.importorskip("jax", reason="JAX is an optional extra: pip install -e '.[jax]'")
 torch = pytest.importorskip("torch")
 
 import jax.numpy as jnp

@@ -88,7 +88,8 @@ for name in S["layouts"]:
         params, state, loss = step_fn(params, state, x, y)
         losses.append(float(loss))
         times.append(time.perf_counter() - t0)
-        ctx.metrics.step(layout=name, step=t, loss=losses[-1], step_time_s=times[-1])
+        ctx.metrics.step(layout=name, step=t, loss=losses[-1], step_time_s=times[-1],
+                         tokens_per_s=batch_size * seq / times[-1])
         ctx.metrics.progress(name, t + 1, steps, f"loss {losses[-1]:.4f}")
     ops = hlo.collectives(compiled.as_text())
     results[name] = {"mesh": plan, "losses": losses, "held": held, "predicted": sharding.states_per_device(config, plan),
@@ -145,7 +146,7 @@ for name, r in results.items():
         count, nbytes = xla(name, c.op, c.phase, c.axis)
         theirs = "" if (c.op, c.phase, c.axis) in shown else f"x{count:<3d} {nbytes / MiB:8.3f} MiB"
         shown.add((c.op, c.phase, c.axis))
-        ctx.log(f"  {c.phase:8s} {c.op:14s} over {c.axis:5s} x{c.calls:<3d} {c.total / MiB:8.3f} MiB  {c.where:44.44s}"
+        ctx.log(f"  {c.phase:8s} {c.op:14s} over {c.axis:5s} x{c.calls:<3d} {c.total / MiB:8.3f} MiB  {c.where:54s}"
                 f" | {theirs}")
     ctx.log("  all of XLA's: " + ", ".join(f"{op} {phase} over {'+'.join(axes) or '-'} x{n} {b / MiB:.3f} MiB"
                                           for (op, phase, axes), (n, b) in r["xla"].items()))
@@ -171,12 +172,15 @@ for name, r in results.items():
                       and hlo.axes_of(c, r["axes"]) == ("stage",)]
             ctx.check(f"pipeline: each of the m + p - 1 = {ticks} ticks passes one micro-batch on ({phase})",
                       len(looped) == 1 and looped[0].bytes == act,
-                      f"{[(c.runs, c.bytes) for c in looped]} (runs, bytes) in the loop; {act:,} bytes a micro-batch")
+                      ", ".join(f"{c.runs} runs of {c.bytes:,} bytes" for c in looped) + f" in the loop; {act:,} "
+                      f"bytes a micro-batch")
 
 # ---- Plots and figures ----------------------------------------------------------------------
 curves = {name: (list(range(steps)), r["losses"]) for name, r in results.items()}
 curves["PyTorch"] = (list(range(steps)), want)
-plots.curves_and_gaps(ctx.run_dir / "loss_curves.png", curves, first, f"one loss curve, {n} devices")
+plots.curves_and_gaps(ctx.run_dir / "loss_curves.png", curves, first, f"one loss curve, {n} devices",
+                      note=f"the check: largest relative gap <= {tolerance:g}, here {tolerance * want[-1]:.1e} nats "
+                           f"at the last loss")
 plots.measured_vs_predicted(ctx.run_dir / "memory.png",
                             {k: {name: (r["held"][k] / MiB, r["predicted"][k] / MiB) for name, r in results.items()}
                              for k in ("parameters", "moments")}, "bytes per device: measured vs memory model")
@@ -186,6 +190,7 @@ for name, r in results.items():
                        r["predicted"]["parameters"] / MiB, str(r["mesh"])),
                 figure(f"{name}: throughput", batch_size * seq / r["step_s"], "tokens/s",
                        note=f"median step {r['step_s'] * 1e3:.0f} ms")]
-ctx.finish(figures, plots=["loss_curves.png", "memory.png"], vocab=vocab, pytorch_losses=want,
+ctx.finish(figures, plots=["loss_curves.png", "memory.png"], data=corpus.source, real_data=corpus.real,
+           vocab=vocab, pytorch_losses=want,
            losses={name: r["losses"] for name, r in results.items()},
            held={name: r["held"] for name, r in results.items()})

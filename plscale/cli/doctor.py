@@ -85,12 +85,12 @@ def _jax(gpus: bool) -> str:
     from importlib.metadata import PackageNotFoundError, version
     from importlib.util import find_spec
 
-    from plscale.run.launch import CUDA_PLUGINS
+    from plscale.run.launch import CUDA_PLUGINS, jax_install
 
     try:
         line = f"{version('jax')} (lab 10, jax-gspmd)"
     except PackageNotFoundError:
-        return escape("not installed: lab 10 (jax-gspmd) needs pip install 'plscale[jax]'")
+        return escape(f"not installed: lab 10 (jax-gspmd) needs it: {jax_install()}")
     if gpus and not any(find_spec(p) for p in CUDA_PLUGINS):
         line += escape(" on simulated CPU devices (no CUDA plugin: pip install 'jax[cuda12]' for the GPUs)")
     return line

@@ -27,7 +27,7 @@ from plscale.files import write_json
 from plscale.rank import logs
 from plscale.rank.metrics import Metrics
 from plscale.run import entry
-from plscale.run.launch import DEVICE_COUNT, jax_problem, missing_jax, with_device_count
+from plscale.run.launch import DEVICE_COUNT, JAX_FLOOR, jax_problem, with_device_count
 from plscale.run.resolve import Topology
 from plscale.run.rundir import new_run_dir
 
@@ -80,7 +80,7 @@ def _devices(lab_id: str) -> list:
         import jax
     except ImportError as exc:  # installed (jax_problem found it) but broken
         raise UserError(f"JAX is installed but does not import ({exc}): reinstall it with "
-                        f"pip install --force-reinstall 'plscale[jax]'.") from None
+                        f"pip install --force-reinstall 'jax>={JAX_FLOOR}' 'jaxlib>={JAX_FLOOR}'.") from None
     return jax.devices()
 
 

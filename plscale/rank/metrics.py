@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from plscale.files import write_json
+from plscale.run.report import fmt
 
 
 def figure(name: str, value, unit: str = "", predicted=None, note: str = "") -> dict:
@@ -47,6 +48,6 @@ class Metrics:
         if not self.cli:  # under a plain launcher, print the table as text
             print(f"\nsummary of {lab} / {variant}:")
             for f in figures:
-                predicted = "" if f["predicted"] is None else f"  (predicted {f['predicted']})"
-                print(f"  {f['name']}: {f['value']} {f['unit']}{predicted}  {f['note']}")
+                predicted = "" if f["predicted"] is None else f"  (predicted {fmt(f['predicted'])})"
+                print(f"  {f['name']}: {fmt(f['value'])} {f['unit']}{predicted}  {f['note']}")
             print(f"run directory: {self.run_dir}")

@@ -58,8 +58,19 @@ class Lab:
     def check_settings(self, settings: dict, topology) -> None:
         """Run the lab's own checks (topology: world_size, device), so bad settings fail
         before anything launches."""
+        if module := self._checks():
+            module.check(settings, topology)
+
+    def check_ds_config(self, config: dict, settings: dict, topology) -> None:
+        """check.py's optional check_ds_config(config, settings, topology): the DeepSpeed config the
+        run will use, a user's --ds-config included, checked before anything launches."""
+        if (module := self._checks()) and hasattr(module, "check_ds_config"):
+            module.check_ds_config(config, settings, topology)
+
+    def _checks(self):
+        """The lab's check.py as a module; None when the lab has none."""
         if not self.check:
-            return
+            return None
         import importlib.util
 
         if not (self.folder / self.check).is_file():
@@ -68,7 +79,7 @@ class Lab:
         spec = importlib.util.spec_from_file_location(f"plscale_check_{self.number}", self.folder / self.check)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        module.check(settings, topology)
+        return module
 
     @property
     def entry_path(self) -> Path:

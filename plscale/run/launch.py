@@ -176,8 +176,13 @@ def jax_problem(lab_id: str) -> str | None:
     return None
 
 
+def jax_install() -> str:
+    """How to get JAX, said the same way everywhere."""
+    return f"pip install -e '.[jax]' in the plscale checkout (or pip install 'jax>={JAX_FLOOR}'; CPU wheels)"
+
+
 def missing_jax(lab_id: str) -> str:
-    return f"Lab {lab_id} needs JAX, an optional extra: pip install 'plscale[jax]' (CPU wheels), then run it again."
+    return f"Lab {lab_id} needs JAX, an optional extra: {jax_install()}, then run it again."
 
 
 def _release(text: str) -> tuple:

@@ -3,7 +3,9 @@
     defaults (lab.yaml) -> variant overrides -> --set k=v, --steps N -> check.py -> DeepSpeed config
 
 The DeepSpeed config, generated or a user's --ds-config, is checked against the topology's device
-too: DeepSpeed's fp16 section does not run on CPUs (plscale.dsconfig.valid.fp16_section_problem).
+too: DeepSpeed's fp16 section does not run on CPUs (plscale.dsconfig.valid.fp16_section_problem);
+and by the lab's check.py when it has a check_ds_config(config, settings, topology) (lab 10's optimizer reads
+only Adam's hyperparameters from it, so it refuses what it would ignore).
 
 A lab that splits the model states its degrees in `settings.parallel` ({tp, pp, cp, ep}; absent
 means pure data parallelism): its ranks build their process groups from them
@@ -65,9 +67,14 @@ def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None
     if settings.get("parallel"):
         settings["parallel"] = {k: topology.world_size if v == "world" else v for k, v in settings["parallel"].items()}
     layout = layout_of(settings, topology.world_size)
-    lab.check_settings(settings, replace(topology, entry=lab.entry_of(variant).name))
-    return Resolved(lab, variant, settings, _ds_config(settings, layout, topology.device, ds_config_file),
-                    ds_config_file)
+    topology = replace(topology, entry=lab.entry_of(variant).name)
+    lab.check_settings(settings, topology)
+    config = _ds_config(settings, layout, topology.device, ds_config_file)
+    try:
+        lab.check_ds_config(config, settings, topology)
+    except UserError as exc:
+        raise UserError(f"{ds_config_file}: {exc}" if ds_config_file else str(exc)) from None
+    return Resolved(lab, variant, settings, config, ds_config_file)
 
 
 def layout_of(settings: dict, world: int) -> Layout:
