@@ -179,8 +179,7 @@ for name, r in results.items():
 curves = {name: (list(range(steps)), r["losses"]) for name, r in results.items()}
 curves["PyTorch"] = (list(range(steps)), want)
 plots.curves_and_gaps(ctx.run_dir / "loss_curves.png", curves, first, f"one loss curve, {n} devices",
-                      note=f"the check: largest relative gap <= {tolerance:g}, here {tolerance * want[-1]:.1e} nats "
-                           f"at the last loss")
+                      note=f"check: relative gap <= {tolerance:g} ({tolerance * want[-1]:.1e} nats here)")
 plots.measured_vs_predicted(ctx.run_dir / "memory.png",
                             {k: {name: (r["held"][k] / MiB, r["predicted"][k] / MiB) for name, r in results.items()}
                              for k in ("parameters", "moments")}, "bytes per device: measured vs memory model")
