@@ -61,3 +61,22 @@ def shared_data():
         return path
 
     return find
+
+
+@pytest.fixture
+def four_jax_devices():
+    """Skip unless JAX has the 4 devices set above. Asked inside a test, never at import: a JAX
+    backend started while collecting would make the other tests' forks unsafe."""
+    import jax
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 JAX devices: XLA_FLAGS=--xla_force_host_platform_device_count=4")
+
+
+# Test modules that run JAX in this process (its backend's threads started): after them, an
+# os.fork() (DataLoader workers, multiprocessing, even subprocess) is unsafe, and JAX warns so.
+JAX_IN_PROCESS = ("test_jax_collectives", "test_jax_hlo", "test_jax_layouts", "test_jax_model")
+
+
+def pytest_collection_modifyitems(items):
+    """Those modules run last, in their order; everything else keeps its order."""
+    items[:] = sorted(items, key=lambda item: item.module.__name__ in JAX_IN_PROCESS)

@@ -10,8 +10,7 @@ from plscale.jaxlab import collectives as C  # noqa: E402
 from plscale.jaxlab import hlo  # noqa: E402
 from plscale.predict.busbw import ring_bytes_sent  # noqa: E402
 
-if len(jax.devices()) < 4:
-    pytest.skip("needs 4 devices: XLA_FLAGS=--xla_force_host_platform_device_count=4", allow_module_level=True)
+pytestmark = pytest.mark.usefixtures("four_jax_devices")
 
 HLO_OP = {"psum": "all-reduce", "all_gather": "all-gather", "psum_scatter": "reduce-scatter",
           "ppermute": "collective-permute", "all_to_all": "all-to-all"}

@@ -13,14 +13,16 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from plscale.jaxlab import hlo, placement  # noqa: E402
 
-if len(jax.devices()) < 4:
-    pytest.skip("needs 4 devices: XLA_FLAGS=--xla_force_host_platform_device_count=4", allow_module_level=True)
+pytestmark = pytest.mark.usefixtures("four_jax_devices")
 
-MESH = Mesh(np.array(jax.devices()), ("data",), axis_types=(AxisType.Auto,))
+def mesh():
+    """The 4 devices on one "data" axis (made inside a test: a backend started at import would
+    make the other tests' forks unsafe)."""
+    return Mesh(np.array(jax.devices()), ("data",), axis_types=(AxisType.Auto,))
 
 
 def sharded(*spec):
-    return NamedSharding(MESH, P(*spec))
+    return NamedSharding(mesh(), P(*spec))
 
 
 def compiled_ops(f, *args):
@@ -28,7 +30,7 @@ def compiled_ops(f, *args):
 
 
 def test_psum_of_a_sharded_array_is_one_all_reduce():
-    f = jax.jit(jax.shard_map(lambda a: lax.psum(a, "data"), mesh=MESH, in_specs=P("data"), out_specs=P()))
+    f = jax.jit(jax.shard_map(lambda a: lax.psum(a, "data"), mesh=mesh(), in_specs=P("data"), out_specs=P()))
     [op] = compiled_ops(f, jnp.zeros((8, 16), jnp.float32))
     assert (op.op, op.shape, op.dtype, op.bytes) == ("all-reduce", (2, 16), "f32", 2 * 16 * 4)
     assert op.groups == ((0, 1, 2, 3),) and op.group_size == 4 and op.runs == 1
@@ -38,9 +40,9 @@ def test_psum_of_a_sharded_array_is_one_all_reduce():
 
 def test_all_gather_counts_the_gathered_output_and_reduce_scatter_the_input():
     x = jnp.zeros((8, 16), jnp.float32)
-    gather = jax.jit(jax.shard_map(lambda a: lax.all_gather(a, "data", tiled=True)[None], mesh=MESH,
+    gather = jax.jit(jax.shard_map(lambda a: lax.all_gather(a, "data", tiled=True)[None], mesh=mesh(),
                                    in_specs=P("data"), out_specs=P("data")))
-    scatter = jax.jit(jax.shard_map(lambda a: lax.psum_scatter(a, "data", tiled=True), mesh=MESH,
+    scatter = jax.jit(jax.shard_map(lambda a: lax.psum_scatter(a, "data", tiled=True), mesh=mesh(),
                                     in_specs=P(), out_specs=P("data")))
     [g] = compiled_ops(gather, x)
     [s] = compiled_ops(scatter, x)
@@ -57,29 +59,31 @@ def mlp_step(params, x, y, constrain=lambda h: h):
     return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
 
 
-PARAMS = {"w1": jnp.ones((16, 32)) * 0.1, "w2": jnp.ones((32, 16)) * 0.1}
+def params():
+    return {"w1": jnp.ones((16, 32)) * 0.1, "w2": jnp.ones((32, 16)) * 0.1}
 PARAM_BYTES = (16 * 32 + 32 * 16) * 4
-BATCH = (jnp.ones((8, 16)), jnp.zeros((8, 16)))
+def batch():
+    return jnp.ones((8, 16)), jnp.zeros((8, 16))
 
 
 def test_data_parallel_step_all_reduces_the_gradients_in_one_combined_op():
-    replicated = {k: sharded() for k in PARAMS}
+    replicated = {k: sharded() for k in params()}
     step = jax.jit(mlp_step, in_shardings=(replicated, sharded("data"), sharded("data")),
                    out_shardings=(replicated, sharded()))
-    ops = compiled_ops(step, PARAMS, *BATCH)
+    ops = compiled_ops(step, params(), *batch())
     assert {c.op for c in ops} == {"all-reduce"}
     assert hlo.summarize(ops)["all-reduce"][1] == PARAM_BYTES + 4  # every gradient, and the loss
     assert any(len(c.shapes) > 1 for c in ops)  # XLA's combiner: one tuple-shaped all-reduce
 
 
 def test_fsdp_step_gathers_parameters_and_reduces_gradients():
-    shards = {k: sharded("data") for k in PARAMS}
+    shards = {k: sharded("data") for k in params()}
 
     def step(params, x, y):  # activations stay batch-sharded, so the parameters are gathered
         return mlp_step(params, x, y, lambda h: lax.with_sharding_constraint(h, sharded("data", None)))
 
     ops = compiled_ops(jax.jit(step, in_shardings=(shards, sharded("data"), sharded("data")),
-                               out_shardings=(shards, sharded())), PARAMS, *BATCH)
+                               out_shardings=(shards, sharded())), params(), *batch())
     summary = hlo.summarize(ops)
     assert summary["all-gather"] == (2, PARAM_BYTES)
     # XLA on CPU writes the reduce-scatter as all-reduce + dynamic-slice; GPUs get a reduce-scatter.

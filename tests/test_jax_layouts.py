@@ -25,7 +25,7 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0}   # half XLA's CPU compile 
 ADAM = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.999],
                                                    "eps": 1e-8}}}
 
-pytestmark = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 JAX devices (tests/conftest.py sets XLA_FLAGS)")
+pytestmark = pytest.mark.usefixtures("four_jax_devices")
 
 
 def batches():
