@@ -60,3 +60,21 @@ def test_what_must_divide():
         sharding.check(TINY, sharding.mesh("dp", 4), batch=6)
     with pytest.raises(UserError, match="pipeline.micro_batches 3"):
         sharding.check(TINY, sharding.mesh("pipeline", 4), batch=8, micro_batches=3)
+
+
+def test_estimate_layouts_prints_the_same_figures(tmp_path):
+    """`plscale estimate layouts` (host-side) says what the lab checks: bytes per device by layout."""
+    import json
+
+    from conftest import run_cli
+    out = run_cli("estimate", "layouts", "--model", "tiny", "--seq", "32", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["layout"]: r for r in json.loads(out.stdout)["layouts"]}
+    for layout in sharding.LAYOUTS:
+        want = sharding.states_per_device(TINY, sharding.mesh(layout, 4))
+        assert {k: rows[layout][k] for k in want} == want
+    assert [c["op"] for c in rows["fsdp"]["collectives"]] == ["all_gather", "all_gather", "reduce_scatter"]
+    bad = run_cli("estimate", "layouts", "--tp", "3")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --tp 3 on 4 devices: layout fsdp_tp needs a model axis of 2 or more that divides the devices; "
+        "pick one of [2, 4]."]

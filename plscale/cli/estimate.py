@@ -3,7 +3,8 @@ recomputation (estimate_memory.py);
 `plscale estimate tp`: tensor (and sequence) parallelism's parameters and collectives per rank;
 `plscale estimate checkpoint`: what a checkpoint writes, and how often to write one;
 `plscale estimate cp` and `plscale estimate moe`: context and expert parallelism (estimate_parallel.py);
-`plscale estimate precision`: number formats and bytes per parameter (estimate_precision.py)."""
+`plscale estimate precision`: number formats and bytes per parameter (estimate_precision.py);
+`plscale estimate layouts`: lab 10's layouts, bytes per device and collectives (estimate_layouts.py)."""
 
 import json
 from dataclasses import asdict
@@ -13,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from plscale.cli import estimate_memory, estimate_parallel, estimate_precision
+from plscale.cli import estimate_layouts, estimate_memory, estimate_parallel, estimate_precision
 from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
@@ -99,6 +100,7 @@ def tensor_parallel(
 app.command("cp")(estimate_parallel.context_parallel)
 app.command("moe")(estimate_parallel.experts)
 app.command("precision")(estimate_precision.precision)
+app.command("layouts")(estimate_layouts.layouts)
 
 
 @app.command("checkpoint")

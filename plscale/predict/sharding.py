@@ -52,34 +52,41 @@ class Mesh:
         return " x ".join(f"{name} {size}" for name, size in self.axes)
 
 
-def mesh(layout: str, devices: int, tp: int = 2, stages: int = 2) -> Mesh:
+# How the knobs are named where the user sets them: lab 10's settings (the CLI passes its flags)
+KNOBS = {"tp": "mesh.tp", "stages": "mesh.stages", "micro_batches": "pipeline.micro_batches"}
+
+
+def mesh(layout: str, devices: int, tp: int = 2, stages: int = 2, knobs: dict = KNOBS) -> Mesh:
     """The mesh of `layout` on `devices` devices; one line when it cannot be built."""
     if layout not in LAYOUTS:
         raise UserError(f"Unknown layout {layout!r}.{did_you_mean(layout, LAYOUTS)} Use {', '.join(LAYOUTS)}.")
-    split = {"fsdp_tp": ("model", tp, "mesh.tp"), "pipeline": ("stage", stages, "mesh.stages")}.get(layout)
+    split = {"fsdp_tp": ("model", tp, knobs["tp"]), "pipeline": ("stage", stages, knobs["stages"])}.get(layout)
     if split is None:
         return Mesh(layout, (("data", devices),))
     axis, k, name = split
     if k < 2 or devices % k:
-        raise UserError(f"{name} {k} on {devices} devices: layout {layout} needs a {axis} axis of 2 or more that "
-                        f"divides the devices; pick one of {[d for d in range(2, devices + 1) if devices % d == 0]}.")
+        choices = [d for d in range(2, devices + 1) if devices % d == 0]
+        fix = f"pick one of {choices}" if choices else "use 2 or more devices"
+        raise UserError(f"{name} {k} on {devices} device{'s' * (devices != 1)}: layout {layout} needs a {axis} axis "
+                        f"of 2 or more that divides the devices; {fix}.")
     axes = (("data", devices // k), ("model", k)) if axis == "model" else (("stage", k), ("data", devices // k))
     return Mesh(layout, axes)
 
 
-def check(config: ModelConfig, m: Mesh, batch: int, micro_batches: int = 1) -> None:
+def check(config: ModelConfig, m: Mesh, batch: int, micro_batches: int = 1, knobs: dict = KNOBS) -> None:
     """What the model and batch must divide on this mesh, one line each."""
     if not isinstance(micro_batches, int) or micro_batches < 1:
-        raise UserError(f"pipeline.micro_batches {micro_batches!r}: use a whole number, 1 or more.")
+        raise UserError(f"{knobs['micro_batches']} {micro_batches!r}: use a whole number, 1 or more.")
     if m.size("model") > 1:
         check_divisible(config, m.size("model"))
     if config.layers % m.size("stage"):
-        raise UserError(f"{config.layers} layers do not split into {m.size('stage')} stages: pick mesh.stages "
+        raise UserError(f"{config.layers} layers do not split into {m.size('stage')} stages: pick {knobs['stages']} "
                         f"that divides {config.layers}.")
     if batch % m.size("data"):
-        raise UserError(f"A global batch of {batch} sequences does not split over the data axis of {m.size('data')}.")
+        raise UserError(f"A global batch of {batch} sequences does not split over the data axis of {m.size('data')}: "
+                        f"use a multiple of {m.size('data')}.")
     if m.layout == "pipeline" and (batch // m.size("data")) % micro_batches:
-        raise UserError(f"pipeline.micro_batches {micro_batches}: each data shard holds {batch // m.size('data')} "
+        raise UserError(f"{knobs['micro_batches']} {micro_batches}: each data shard holds {batch // m.size('data')} "
                         f"sequences; pick a divisor of it.")
 
 
