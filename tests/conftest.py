@@ -80,3 +80,15 @@ JAX_IN_PROCESS = ("test_jax_collectives", "test_jax_hlo", "test_jax_layouts", "t
 def pytest_collection_modifyitems(items):
     """Those modules run last, in their order; everything else keeps its order."""
     items[:] = sorted(items, key=lambda item: item.module.__name__ in JAX_IN_PROCESS)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """A real sshd on loopback standing in for a pod (skips with the reason where none is installed)."""
+    from helpers.sshd import LocalSSHD, missing
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    server = LocalSSHD(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()

@@ -158,7 +158,7 @@ def report(run_dir: Path = typer.Argument(None, help="A run directory (default: 
     from plscale.run.rundir import runs_root
 
     if run_dir is None:
-        runs = sorted(p for p in runs_root().glob("*") if p.is_dir())
+        runs = sorted(p for p in runs_root().glob("*") if (p / "settings.json").is_file())
         if not runs:
             raise UserError(f"No runs under {runs_root()}/: run a lab first (plscale lab run mnist-dp).")
         run_dir = runs[-1]

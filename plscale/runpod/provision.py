@@ -1,0 +1,241 @@
+"""Pods up and down, so that nothing is ever left billing by accident.
+
+`up` prices the request before anything exists, creates the pods one by one (each
+written to the state file at once), sets RunPod's own terminate time on every one
+(`terminateAfter` = now + --max-hours, so a lost laptop cannot leave them running), and
+waits until SSH really answers. If anything fails once a pod exists, every pod it created
+is terminated and checked gone before the error is shown. `down` terminates and then asks
+RunPod whether any of the pods is still there.
+"""
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from plscale.errors import UserError, did_you_mean
+from plscale.runpod import local, ssh
+from plscale.runpod.api import LowBalance, RunPodAPI, RunPodError
+
+PREFIX = "plscale-"
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+
+
+@dataclass
+class Request:
+    gpus: int
+    gpu_type: str
+    nodes: int = 1
+    cloud: str = "secure"
+    volume: int = 20
+    disk: int = 40
+    image: str = "runpod/pytorch:2.8.0-py3.11-cuda12.8.1-cudnn-devel-ubuntu22.04"
+    max_hours: float = 2.0
+    name: str = "plscale"
+    ssh_key: str | None = None
+    remote_dir: str = "/workspace/plscale"
+    timeout: float = 900
+
+
+@dataclass
+class Quote:
+    gpu: dict
+    per_gpu_hour: float
+    per_hour: float      # all pods together
+    for_max_hours: float
+    balance: float
+
+
+def check(req: Request, state: dict) -> Path:
+    """Bad input, found before RunPod is asked anything. Returns the private key's path."""
+    if req.gpus < 1 or req.nodes < 1:
+        raise UserError(f"--gpus {req.gpus} --nodes {req.nodes}: use 1 or more of each.")
+    if req.cloud not in ("secure", "community"):
+        raise UserError(f"--cloud {req.cloud}: use secure or community.")
+    if not 0 < req.max_hours <= 72:
+        raise UserError(f"--max-hours {req.max_hours}: use a number of hours above 0 and at most 72; the pods "
+                        f"are terminated by RunPod then, so pick what the labs need plus a margin.")
+    if req.volume < 0 or req.disk < 10:
+        raise UserError(f"--volume {req.volume} --disk {req.disk}: the volume is 0 GB or more, the disk 10 GB or more.")
+    if not NAME.match(req.name):
+        raise UserError(f"--name {req.name!r}: use lowercase letters, digits and '-', up to 31 characters.")
+    if req.name in state["clusters"]:
+        raise UserError(f"Cluster {req.name!r} is already up: `plscale runpod down --name {req.name}` first, "
+                        f"or pick another --name.")
+    if not req.remote_dir.startswith("/"):
+        raise UserError(f"--remote-dir {req.remote_dir}: give an absolute path on the pod, e.g. /workspace/plscale.")
+    return private_key(req.ssh_key)
+
+
+def private_key(given: str | None) -> Path:
+    candidates = [Path(given).expanduser()] if given else [Path.home() / ".ssh" / n for n in ("id_ed25519", "id_rsa")]
+    for key in candidates:
+        if key.is_file() and key.with_name(key.name + ".pub").is_file():
+            return key
+    where = given or "~/.ssh/id_ed25519"
+    raise UserError(f"No SSH key pair at {where} (and {where}.pub): make one with `ssh-keygen -t ed25519`, "
+                    f"or point --ssh-key at yours.")
+
+
+def quote(api: RunPodAPI, req: Request) -> Quote:
+    types = api.gpu_types(req.gpus)
+    by_name = {t["id"].lower(): t for t in types} | {t["displayName"].lower(): t for t in types}
+    gpu = by_name.get(req.gpu_type.lower())
+    if gpu is None:
+        names = [t["id"] for t in types] + [t["displayName"] for t in types]
+        raise UserError(f"--gpu-type {req.gpu_type!r} is not a RunPod GPU type.{did_you_mean(req.gpu_type, names)} "
+                        f"`plscale runpod gpus` lists them.")
+    price = gpu.get(f"{req.cloud}Price")
+    if not gpu.get(f"{req.cloud}Cloud") or not price:
+        other = "community" if req.cloud == "secure" else "secure"
+        raise UserError(f"{gpu['id']} is not offered in RunPod's {req.cloud} cloud: try --cloud {other}.")
+    per_hour = price * req.gpus * req.nodes
+    balance = float(api.myself().get("clientBalance") or 0)
+    return Quote(gpu, price, per_hour, per_hour * req.max_hours, balance)
+
+
+def check_balance(q: Quote) -> None:
+    if q.balance < q.per_hour:
+        raise LowBalance(f"Your RunPod balance (${q.balance:.2f}) is below one hour of this request "
+                         f"(${q.per_hour:.2f}/h): add credit at https://www.runpod.io/console/user/billing, "
+                         f"or ask for fewer or cheaper GPUs.")
+
+
+def pod_spec(req: Request, q: Quote, node: int, public_key: str, deadline: datetime) -> dict:
+    spec = {"name": f"{PREFIX}{req.name}-{node}", "imageName": req.image, "gpuTypeId": q.gpu["id"],
+            "gpuCount": req.gpus, "cloudType": req.cloud.upper(), "containerDiskInGb": req.disk,
+            "volumeInGb": req.volume, "volumeMountPath": "/workspace", "ports": "22/tcp", "startSsh": True,
+            "supportPublicIp": True, "env": [{"key": "PUBLIC_KEY", "value": public_key}],
+            "terminateAfter": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if req.nodes > 1:
+        spec["globalNetwork"] = True  # the pods' private network, for NCCL between nodes
+    return spec
+
+
+def create(api: RunPodAPI, req: Request, q: Quote, key: Path, state: dict, status) -> dict:
+    """Create the pods and wait until SSH answers on each. On any failure (Ctrl-C included) every
+    pod created so far is terminated and checked gone, then the error goes on."""
+    deadline = datetime.now(timezone.utc) + timedelta(hours=req.max_hours)
+    cluster = {"name": req.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "gpu_type": q.gpu["id"], "gpus": req.gpus, "nodes": req.nodes, "cloud": req.cloud,
+               "image": req.image, "max_hours": req.max_hours,
+               "terminate_after": deadline.isoformat(timespec="seconds"), "remote_dir": req.remote_dir,
+               "ssh_key": str(key), "pods": []}
+    state["clusters"][req.name] = cluster
+    public_key = key.with_name(key.name + ".pub").read_text().strip()
+    try:
+        for node in range(req.nodes):
+            status(f"creating pod {node + 1} of {req.nodes} ({req.gpus} x {q.gpu['id']})")
+            made = api.create(pod_spec(req, q, node, public_key, deadline))
+            cluster["pods"].append({"id": made["id"], "node": node, "cost_per_hr": made.get("costPerHr"),
+                                    "host": None, "port": None})
+            local.save_state(state)
+        wait_for_ssh(api, cluster, req.timeout, status)
+    except BaseException as exc:
+        created = [p["id"] for p in cluster["pods"]]
+        left = undo(api, state, cluster, status)
+        if isinstance(exc, (UserError, KeyboardInterrupt)) and created:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            error = (Interrupted if interrupted else RunPodError)(
+                f"{'Interrupted' if interrupted else str(exc).rstrip('.')}. Terminated the {len(created)} pod(s) "
+                f"it had created ({', '.join(created)}); {_gone(left)}")
+            raise error from None
+        raise
+    return cluster
+
+
+def undo(api: RunPodAPI, state: dict, cluster: dict, status) -> list[str]:
+    """Terminate a half-made cluster. It leaves the state file only once RunPod lists none of its pods."""
+    created = [p["id"] for p in cluster["pods"]]
+    left = created
+    if created:
+        status(f"terminating the {len(created)} pod(s) just created")
+        try:
+            left = terminate_all(api, created)
+        except RunPodError:
+            pass  # RunPod unreachable: every pod stays in the state file for `down`
+    cluster["pods"] = [p for p in cluster["pods"] if p["id"] in left]
+    if not cluster["pods"]:
+        del state["clusters"][cluster["name"]]
+    local.save_state(state)
+    return left
+
+
+class Interrupted(RunPodError):
+    exit_code = 130
+
+
+def _gone(left: list[str]) -> str:
+    if left:
+        return (f"RunPod still lists {', '.join(left)}: terminate it in the console "
+                f"(https://www.runpod.io/console/pods) or run `plscale runpod down --all`.")
+    return "RunPod lists none of them now: nothing left billing."
+
+
+def wait_for_ssh(api: RunPodAPI, cluster: dict, timeout: float, status) -> None:
+    """Ports first (RunPod reports them late), then sshd (it starts later still)."""
+    start, poll = time.monotonic(), poll_interval()
+    for pod in cluster["pods"]:
+        while pod["host"] is None:
+            found = api.pod(pod["id"])
+            if found is None:
+                raise RunPodError(f"Pod {pod['id']} disappeared while starting (terminated in the console, or its "
+                                  f"--max-hours passed): run `plscale runpod up` again.")
+            endpoint = ssh_endpoint(found)
+            if endpoint:
+                pod["host"], pod["port"] = endpoint
+                ssh.forget_host(pod)
+                break
+            _tick(start, timeout, status, f"pod {pod['id']} is starting ({found.get('desiredStatus')}, "
+                                           f"no ports yet)", "stuck pending: RunPod gave it no ports")
+            time.sleep(poll)
+        while not ssh.answers(cluster, pod):
+            _tick(start, timeout, status, f"waiting for sshd on {pod['host']}:{pod['port']}",
+                  f"up, but SSH never answered at {pod['host']}:{pod['port']} with key {cluster['ssh_key']}")
+            time.sleep(poll)
+    status("every pod answers over SSH")
+
+
+def _tick(start: float, timeout: float, status, what: str, failure: str) -> None:
+    waited = time.monotonic() - start
+    if waited > timeout:
+        raise RunPodError(f"Pods not ready after {timeout:.0f} s, {failure}; raise --timeout or try another "
+                          f"--gpu-type or --cloud")
+    status(f"{what} ({waited:.0f} s)")
+
+
+def ssh_endpoint(pod: dict) -> tuple[str, int] | None:
+    ports = (pod.get("runtime") or {}).get("ports") or []
+    for p in ports:
+        if p.get("privatePort") == 22 and p.get("isIpPublic") and p.get("type") == "tcp":
+            return p["ip"], int(p["publicPort"])
+    return None
+
+
+def terminate_all(api: RunPodAPI, pod_ids: list[str], wait: float = 60) -> list[str]:
+    """Terminate the pods; return those RunPod still lists after `wait` seconds (none, normally)."""
+    for pod_id in pod_ids:
+        try:
+            api.terminate(pod_id)
+        except RunPodError:
+            pass  # gone already, or refused: the check below tells
+    end = time.monotonic() + wait
+    while True:
+        listed = {p["id"] for p in api.myself().get("pods") or []}
+        left = [i for i in pod_ids if i in listed or api.pod(i) is not None]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(poll_interval())
+
+
+def poll_interval() -> float:
+    return float(os.environ.get("PLSCALE_RUNPOD_POLL", "5"))
+
+
+def ours(api: RunPodAPI, state: dict) -> list[str]:
+    """Every pod this tool created: in the state file, or named by it in the account."""
+    ids = [p["id"] for c in state["clusters"].values() for p in c["pods"]]
+    ids += [p["id"] for p in api.myself().get("pods") or [] if p.get("name", "").startswith(PREFIX) and p["id"] not in ids]
+    return ids
