@@ -196,16 +196,26 @@ def run(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as for `
         name: str = typer.Option(None, help=NAME_HELP),
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the project first."),
         detach: bool = typer.Option(False, "--detach", help="Start the run and return (`logs -f` follows it)."),
+        env: list[str] = typer.Option(None, "--env", help="K=V set on every pod for the run, e.g. "
+                                                         "NCCL_SOCKET_IFNAME=eth1 (repeat for more)."),
         master_port: int = typer.Option(29500, help="Node 0's port for a multi-node run.")) -> None:
     """Run a lab on the pods: `plscale runpod run zero2 --steps 50` (lab options pass through).
 
     On several pods every node starts the deepspeed launcher (--no_ssh) with its rank and node 0's
     address. The run goes on if the connection drops; Ctrl-C stops it on every pod."""
+    variables = dict(_pair(item) for item in env or [])
     cluster = local.cluster_of(local.load_state(), name)
     if not no_sync:
         sync(name=name)
-    code = remote.run(cluster, lab, list(ctx.args), detach, master_port, make_console(stderr=True).print)
+    code = remote.run(cluster, lab, list(ctx.args), variables, detach, master_port, make_console(stderr=True).print)
     raise typer.Exit(code)
+
+
+def _pair(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.replace("_", "").isalnum() or key[0].isdigit():
+        raise UserError(f"--env {item!r}: write NAME=VALUE, e.g. --env NCCL_DEBUG=INFO.")
+    return key, value
 
 
 @app.command()

@@ -40,6 +40,10 @@ def sync(cluster: dict, say) -> None:
     digest = hashlib.sha256((root / "pyproject.toml").read_bytes()).hexdigest()
     remote = cluster["remote_dir"].rstrip("/")
     for pod in cluster["pods"]:
+        if ssh.run(cluster, pod, "command -v rsync").returncode != 0:  # the other end of rsync
+            say(f"node {pod['node']}: installing rsync on the pod")
+            _check(ssh.run(cluster, pod, "apt-get update -qq && apt-get install -y -qq rsync", timeout=600),
+                   f"installing rsync on node {pod['node']} (`plscale runpod ssh -- apt-get install -y rsync`)")
         say(f"node {pod['node']}: copying {root} to {pod['host']}:{remote}")
         argv = ssh.rsync_argv(cluster, pod, f"{root}/", f":{remote}/",
                               ["--delete", *[f"--exclude={e}" for e in EXCLUDE],
@@ -53,19 +57,20 @@ def sync(cluster: dict, say) -> None:
             _check(done, f"runpod/bootstrap.sh on node {pod['node']}")
 
 
-def run(cluster: dict, lab: str, args: list[str], detach: bool, master_port: int, say) -> int:
-    """Start `plscale lab run LAB ARGS` on every pod; stream node 0 until every node is done."""
+def run(cluster: dict, lab: str, args: list[str], env: dict, detach: bool, master_port: int, say) -> int:
+    """Start `plscale lab run LAB ARGS` on every pod, with `env` set (NCCL_* for instance); stream
+    node 0 until every node is done."""
     if not any(a == "--gpus" or a.startswith("--gpus=") for a in args):
         args = ["--gpus", str(cluster["gpus"]), *args]
     nodes = cluster["pods"]
     job = f"run-{datetime.now():%Y%m%d-%H%M%S}-{lab}"
     names = {p["node"]: (job if len(nodes) == 1 else f"{job}-node{p['node']}") for p in nodes}
     if len(nodes) == 1:
-        commands = {0: ["plscale", "lab", "run", lab, *args]}
+        commands = {0: ["env", *[f"{k}={v}" for k, v in env.items()], "plscale", "lab", "run", lab, *args]}
     else:
         address = _output(cluster, nodes[0], in_dir(cluster, "bash runpod/node_addr.sh"), "runpod/node_addr.sh")
         say(f"{len(nodes)} nodes, node 0 at {address}:{master_port}")
-        env = {"PRIMARY_ADDR": address, "PRIMARY_PORT": master_port, "NUM_NODES": len(nodes),
+        env = {**env, "PRIMARY_ADDR": address, "PRIMARY_PORT": master_port, "NUM_NODES": len(nodes),
                "NUM_TRAINERS": cluster["gpus"]}
         commands = {p["node"]: ["env", *[f"{k}={v}" for k, v in {**env, "NODE_RANK": p["node"]}.items()],
                                 "bash", "runpod/launch_multinode.sh", lab, *args] for p in nodes}
