@@ -18,6 +18,7 @@ COMMANDS = {
     "plscale --help": [str(BIN / "plscale"), "--help"],
     "plscale --version": [str(BIN / "plscale"), "--version"],
     "plscale lab list": [str(BIN / "plscale"), "lab", "list"],
+    "plscale runpod --help": [str(BIN / "plscale"), "runpod", "--help"],
     "plscale lab run mnist --dry-run": [str(BIN / "plscale"), "lab", "run", "mnist", "--dry-run"],
     "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     "deepspeed --help": [str(BIN / "deepspeed"), "--help"],

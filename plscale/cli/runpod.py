@@ -12,7 +12,7 @@ from rich.table import Table
 from plscale.cli.output import console, make_console
 from plscale.errors import UserError
 from plscale.runpod import local, provision, remote
-from plscale.runpod.api import RunPodAPI
+from plscale.runpod.api import KeyRefused, RunPodAPI
 from plscale.runpod.ssh import user as ssh_user
 
 app = typer.Typer(help="Rent GPUs on RunPod for the labs: cost first, nothing left billing.", no_args_is_help=True)
@@ -57,7 +57,11 @@ def login() -> None:
     key = typer.prompt("RunPod API key (https://www.runpod.io/console/user/settings)", hide_input=True).strip()
     if len(key) < 10 or any(c.isspace() for c in key):
         raise UserError("That does not look like a RunPod API key: copy the whole key from the console's Settings.")
-    RunPodAPI(key).myself()  # refuses a bad key before it is saved
+    try:
+        RunPodAPI(key).myself()  # refuses a bad key before it is saved
+    except KeyRefused:
+        raise UserError("RunPod refused the API key you typed: copy it again from https://www.runpod.io/console/user/settings "
+                        "(permission All); nothing was saved.") from None
     path = local.save_key(key)
     console.print(f"Saved key {local.mask(key)} to {escape(str(path))} (mode 600).")
 
@@ -166,12 +170,16 @@ def status(name: str = typer.Option(None, help=NAME_HELP)) -> None:
             continue
         console.print(f"${per_hour:.2f}/h now; RunPod terminates them at {cluster['terminate_after']} "
                       f"(--max-hours {cluster['max_hours']:g}).")
-    known = {p["id"] for c in state["clusters"].values() for p in c["pods"]}
-    strays = [p for p in api.myself().get("pods") or [] if p.get("name", "").startswith(provision.PREFIX)
-              and p["id"] not in known]
-    for pod in strays:
+    _warn_strays(api, state)
+
+
+def _warn_strays(api: RunPodAPI, state: dict) -> bool:
+    found = provision.strays(api, state)
+    for pod in found:
         console.print(f"[yellow]Pod {pod['id']} ({escape(pod['name'])}) was made by plscale but is not in "
-                      f"{escape(str(local.state_file()))}: `plscale runpod down --all` terminates it.[/]")
+                      f"{escape(str(local.state_file()))}, and may be billing: `plscale runpod down --all` "
+                      f"terminates it.[/]")
+    return bool(found)
 
 
 @app.command(context_settings=PASS_THROUGH)
@@ -253,29 +261,35 @@ def down(name: str = typer.Option(None, help=NAME_HELP),
     api = _api()
     if all_:
         clusters, ids = list(state["clusters"].values()), provision.ours(api, state)
+    elif name is None and not state["clusters"]:
+        clusters, ids = [], []
     else:
         clusters = [local.cluster_of(state, name)]
         ids = [p["id"] for p in clusters[0]["pods"]]
-    if not ids:
-        console.print("No pods to terminate: nothing is billing from plscale.")
-        for cluster in clusters:
-            del state["clusters"][cluster["name"]]
-        local.save_state(state)
-        return
-    if not yes and not typer.confirm(f"Terminate {len(ids)} pod(s) ({', '.join(ids)})? Their files go with them.",
-                                     default=False):
+    live = provision.still_listed(api, ids)
+    gone = [i for i in ids if i not in live]
+    if live and not yes and not typer.confirm(
+            f"Terminate {len(live)} pod(s) ({', '.join(live)})? Their files go with them.", default=False):
         console.print("Nothing terminated.")
         raise typer.Exit(1)
-    with Progress() as progress:
-        progress(f"terminating {len(ids)} pod(s)")
-        left = provision.terminate_all(api, ids)
+    left = []
+    if live:
+        with Progress() as progress:
+            progress(f"terminating {len(live)} pod(s)")
+            left = provision.terminate_all(api, live)
     for cluster in clusters:
         cluster["pods"] = [p for p in cluster["pods"] if p["id"] in left]
         if not cluster["pods"]:
             del state["clusters"][cluster["name"]]
     local.save_state(state)
     if left:
-        raise UserError(f"RunPod still lists {', '.join(left)} after terminating: run `plscale runpod down` again, "
-                        f"or terminate it at https://www.runpod.io/console/pods.")
-    console.print(f"[green]Terminated {len(ids)} pod(s)[/] ({', '.join(ids)}); RunPod lists none of them: "
-                  f"nothing left billing.")
+        raise UserError(f"RunPod still lists {', '.join(left)} after terminating: run `plscale runpod down"
+                        f"{' --all' if all_ else ''}` again, or terminate it at https://www.runpod.io/console/pods.")
+    if live:
+        console.print(f"[green]Terminated {len(live)} pod(s)[/] ({', '.join(live)}); RunPod lists none of them now.")
+    if gone:
+        console.print(f"Already gone (terminated at their --max-hours, or in the console): {', '.join(gone)}.")
+    if not ids:
+        console.print("No pods recorded here.")
+    if not _warn_strays(api, state):
+        console.print("From plscale: nothing left billing.")

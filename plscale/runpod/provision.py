@@ -8,6 +8,7 @@ is terminated and checked gone before the error is shown. `down` terminates and 
 RunPod whether any of the pods is still there.
 """
 
+import difflib
 import os
 import re
 import time
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from plscale.errors import UserError, did_you_mean
+from plscale.errors import UserError
 from plscale.runpod import local, ssh
-from plscale.runpod.api import LowBalance, RunPodAPI, RunPodError
+from plscale.runpod.api import LowBalance, NoCapacity, RunPodAPI, RunPodError
 
 PREFIX = "plscale-"
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
@@ -55,7 +56,7 @@ def check(req: Request, state: dict) -> Path:
     if req.cloud not in ("secure", "community"):
         raise UserError(f"--cloud {req.cloud}: use secure or community.")
     if not 0 < req.max_hours <= 72:
-        raise UserError(f"--max-hours {req.max_hours}: use a number of hours above 0 and at most 72; the pods "
+        raise UserError(f"--max-hours {req.max_hours:g}: use a number of hours above 0 and at most 72; the pods "
                         f"are terminated by RunPod then, so pick what the labs need plus a margin.")
     if req.volume < 0 or req.disk < 10:
         raise UserError(f"--volume {req.volume} --disk {req.disk}: the volume is 0 GB or more, the disk 10 GB or more.")
@@ -84,13 +85,17 @@ def quote(api: RunPodAPI, req: Request) -> Quote:
     by_name = {t["id"].lower(): t for t in types} | {t["displayName"].lower(): t for t in types}
     gpu = by_name.get(req.gpu_type.lower())
     if gpu is None:
-        names = [t["id"] for t in types] + [t["displayName"] for t in types]
-        raise UserError(f"--gpu-type {req.gpu_type!r} is not a RunPod GPU type.{did_you_mean(req.gpu_type, names)} "
-                        f"`plscale runpod gpus` lists them.")
+        close = difflib.get_close_matches(req.gpu_type.lower(), list(by_name), n=1, cutoff=0.75)
+        hint = f" Did you mean {by_name[close[0]]['id']!r}?" if close else ""
+        raise UserError(f"--gpu-type {req.gpu_type!r} is not a RunPod GPU type.{hint} `plscale runpod gpus` lists them.")
     price = gpu.get(f"{req.cloud}Price")
+    other = "community" if req.cloud == "secure" else "secure"
     if not gpu.get(f"{req.cloud}Cloud") or not price:
-        other = "community" if req.cloud == "secure" else "secure"
         raise UserError(f"{gpu['id']} is not offered in RunPod's {req.cloud} cloud: try --cloud {other}.")
+    if not (gpu.get(req.cloud) or {}).get("stockStatus"):
+        raise NoCapacity(f"RunPod has no {gpu['id']} pods with {req.gpus} GPU(s) in stock in the {req.cloud} cloud "
+                         f"now: try --cloud {other}, fewer --gpus, another --gpu-type (`plscale runpod gpus` shows "
+                         f"stock), or again later.")
     per_hour = price * req.gpus * req.nodes
     balance = float(api.myself().get("clientBalance") or 0)
     return Quote(gpu, price, per_hour, per_hour * req.max_hours, balance)
@@ -189,11 +194,15 @@ def wait_for_ssh(api: RunPodAPI, cluster: dict, timeout: float, status) -> None:
                 ssh.forget_host(pod)
                 break
             _tick(start, timeout, status, f"pod {pod['id']} is starting ({found.get('desiredStatus')}, "
-                                           f"no ports yet)", "stuck pending: RunPod gave it no ports")
+                                           f"no ports yet)",
+                  f"pod {pod['id']} is stuck pending (RunPod gave it no SSH port); try again with a larger "
+                  f"--timeout, or another --gpu-type or --cloud")
             time.sleep(poll)
         while not ssh.answers(cluster, pod):
             _tick(start, timeout, status, f"waiting for sshd on {pod['host']}:{pod['port']}",
-                  f"up, but SSH never answered at {pod['host']}:{pod['port']} with key {cluster['ssh_key']}")
+                  f"pod {pod['id']} is up, but SSH never answered at {pod['host']}:{pod['port']} with key "
+                  f"{cluster['ssh_key']}; check that --image starts sshd from PUBLIC_KEY (RunPod's images "
+                  f"do) and that no firewall blocks the port")
             time.sleep(poll)
     status("every pod answers over SSH")
 
@@ -201,8 +210,7 @@ def wait_for_ssh(api: RunPodAPI, cluster: dict, timeout: float, status) -> None:
 def _tick(start: float, timeout: float, status, what: str, failure: str) -> None:
     waited = time.monotonic() - start
     if waited > timeout:
-        raise RunPodError(f"Pods not ready after {timeout:.0f} s, {failure}; raise --timeout or try another "
-                          f"--gpu-type or --cloud")
+        raise RunPodError(f"Pods not ready after --timeout {timeout:g} s: {failure}")
     status(f"{what} ({waited:.0f} s)")
 
 
@@ -214,20 +222,27 @@ def ssh_endpoint(pod: dict) -> tuple[str, int] | None:
     return None
 
 
-def terminate_all(api: RunPodAPI, pod_ids: list[str], wait: float = 60) -> list[str]:
-    """Terminate the pods; return those RunPod still lists after `wait` seconds (none, normally)."""
-    for pod_id in pod_ids:
-        try:
-            api.terminate(pod_id)
-        except RunPodError:
-            pass  # gone already, or refused: the check below tells
-    end = time.monotonic() + wait
-    while True:
-        listed = {p["id"] for p in api.myself().get("pods") or []}
-        left = [i for i in pod_ids if i in listed or api.pod(i) is not None]
-        if not left or time.monotonic() > end:
-            return left
+def still_listed(api: RunPodAPI, pod_ids: list[str]) -> list[str]:
+    """The pods RunPod still lists (in the account, or by id): they may still bill."""
+    listed = {p["id"] for p in api.myself().get("pods") or []}
+    return [i for i in pod_ids if i in listed or api.pod(i) is not None]
+
+
+def terminate_all(api: RunPodAPI, pod_ids: list[str]) -> list[str]:
+    """Terminate the pods, again each round for those still listed (one refused call must not leave a
+    pod billing); return those RunPod still lists after about 12 rounds (none, normally)."""
+    left = still_listed(api, pod_ids)
+    for _ in range(12):
+        if not left:
+            break
+        for pod_id in left:
+            try:
+                api.terminate(pod_id)
+            except RunPodError:
+                pass  # refused this time, or gone meanwhile: the next check tells
         time.sleep(poll_interval())
+        left = still_listed(api, left)
+    return left
 
 
 def poll_interval() -> float:
@@ -237,5 +252,10 @@ def poll_interval() -> float:
 def ours(api: RunPodAPI, state: dict) -> list[str]:
     """Every pod this tool created: in the state file, or named by it in the account."""
     ids = [p["id"] for c in state["clusters"].values() for p in c["pods"]]
-    ids += [p["id"] for p in api.myself().get("pods") or [] if p.get("name", "").startswith(PREFIX) and p["id"] not in ids]
-    return ids
+    return ids + [p["id"] for p in strays(api, state)]
+
+
+def strays(api: RunPodAPI, state: dict) -> list[dict]:
+    """Pods named by this tool in the account that the state file does not know (a lost or older one)."""
+    known = {p["id"] for c in state["clusters"].values() for p in c["pods"]}
+    return [p for p in api.myself().get("pods") or [] if p.get("name", "").startswith(PREFIX) and p["id"] not in known]

@@ -1,0 +1,99 @@
+"""`plscale runpod ssh|sync|run|logs|fetch` for real, against sshd on loopback standing in for pods.
+
+The API is the fake (tests/helpers/fake_runpod.py); the pods' SSH endpoints point at a real
+sshd that logs this user in, with this virtualenv's `plscale` on its PATH as on a bootstrapped
+pod. So the exact ssh and rsync commands a student runs are the ones tested, and the lab runs
+for real on the "pod" (2 CPU ranks). Two pods at one sshd make a 2-node cluster.
+"""
+
+import getpass
+import hashlib
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, run_cli
+from plscale.hardware import free_port
+from helpers.fake_runpod import FakeRunPod
+
+
+@pytest.fixture
+def pods(tmp_path, sshd):
+    """A cluster of `nodes` pods, up through the real CLI; torn down afterwards."""
+    fake = FakeRunPod().start()
+    fake.ssh_endpoints = [(sshd.host, sshd.port)]
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "PLSCALE_RUNPOD_API": fake.url, "RUNPOD_API_KEY": fake.key, "PLSCALE_RUNPOD_POLL": "0.1",
+           "PLSCALE_RUNPOD_SSH_USER": getpass.getuser(), "PLSCALE_RUNS_DIR": str(tmp_path / "local_runs")}
+    remote_dir = tmp_path / "pod"
+
+    def up(nodes=1):
+        # The pod is "bootstrapped" already (this virtualenv): sync's check finds the marker.
+        (remote_dir / ".plscale").mkdir(parents=True, exist_ok=True)
+        (remote_dir / ".plscale" / "bootstrapped").write_text(
+            hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest() + "\n")
+        done = cli("up", "--gpus", 1, "--gpu-type", "NVIDIA A40", "--nodes", nodes, "--ssh-key", sshd.key,
+                   "--remote-dir", remote_dir, "--timeout", 30, "--yes")
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def cli(*args, **kwargs):
+        return run_cli("runpod", *args, env=env, **kwargs)
+
+    cli.up, cli.fake, cli.remote_dir, cli.env, cli.tmp = up, fake, remote_dir, env, tmp_path
+    yield cli
+    cli("down", "--all", "--yes")
+    assert fake.alive() == []
+    fake.stop()
+
+
+def test_ssh_sync_run_logs_fetch_on_one_pod(pods):
+    pods.up()
+    done = pods("ssh", "--", "echo hello from the pod; exit 3")  # words joined by spaces, as ssh does
+    assert done.returncode == 3 and done.stdout.strip() == "hello from the pod"
+
+    done = pods("sync")
+    assert done.returncode == 0, done.stderr
+    copied = pods.remote_dir
+    assert (copied / "pyproject.toml").read_bytes() == (ROOT / "pyproject.toml").read_bytes()
+    assert (copied / "runpod" / "job.sh").is_file() and (copied / "labs").is_dir()
+    assert not (copied / ".venv").exists() and not (copied / ".git").exists()
+
+    done = pods("run", "no-such-lab", "--no-sync")
+    assert done.returncode == 2 and "no-such-lab" in done.stdout  # the pod's plscale said why, streamed here
+
+    done = pods("run", "collectives", "--cpu", "--gpus", "2", "--no-sync", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all_reduce" in done.stdout  # node 0's output streamed here
+    remote_runs = [p for p in (copied / "runs").iterdir() if p.is_dir()]
+    assert len(remote_runs) == 1 and json.loads((remote_runs[0] / "summary.json").read_text())["passed"]
+
+    done = pods("logs", "-n", "5")
+    jobs = copied / ".plscale" / "jobs"
+    newest = max(jobs.glob("*.log"), key=lambda p: p.stat().st_mtime)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == newest.read_text().splitlines()[-5:]  # the collectives run's last lines
+
+    done = pods("fetch")
+    assert done.returncode == 0, done.stderr
+    fetched = pods.tmp / "local_runs" / remote_runs[0].name
+    assert (fetched / "summary.json").read_bytes() == (remote_runs[0] / "summary.json").read_bytes()
+    report = run_cli("report", fetched, env=pods.env)
+    assert report.returncode == 0 and "collectives" in report.stdout.lower()
+    assert pods.fake.key not in done.stdout + done.stderr + report.stdout
+
+
+def test_two_pods_form_one_world(pods):
+    """`run` on 2 pods: each node starts runpod/launch_multinode.sh with its rank and node 0's address."""
+    pods.up(nodes=2)
+    done = pods("run", "mnist-dp", "--cpu", "--gpus", "1", "--steps", "5", "--master-port", free_port(), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summaries = list((pods.remote_dir / "runs").glob("*/summary.json"))
+    assert len(summaries) == 1, "node 0 holds global rank 0's summary"
+    system = json.loads((summaries[0].parent / "system.json").read_text())
+    assert system["world_size"] == 2
+    assert json.loads(summaries[0].read_text())["passed"]
+    jobs = sorted(n for n in os.listdir(pods.remote_dir / ".plscale" / "jobs") if n.endswith(".rc"))
+    assert [n.rsplit("-", 1)[1] for n in jobs] == ["node0.rc", "node1.rc"]
+    assert all((pods.remote_dir / ".plscale" / "jobs" / n).read_text().strip() == "0" for n in jobs)
