@@ -1,20 +1,14 @@
 #!/usr/bin/env bash
 # Writes a DeepSpeed hostfile (`host slots=N`, node 0 first) for the cluster, to OUT (default ./hostfile),
-# and prints it: `bash runpod/hostfile.sh [OUT]`, by hand on node 0 of an Instant Cluster or of
-# `plscale runpod up --nodes K`, for `plscale lab run LAB --nodes K --hostfile hostfile` over ssh.
+# and prints it: `bash runpod/hostfile.sh [OUT]`, by hand on node 0 of an Instant Cluster (on pods of
+# `plscale runpod up --nodes K`, export NODE_ADDRS, NUM_NODES and NUM_TRAINERS first), for
+# `plscale lab run LAB --nodes K --hostfile hostfile` over ssh.
 # NUM_NODES lines of NUM_TRAINERS slots. Hosts: NODE_ADDRS ("addr0 addr1 ...") when set; else
 # PRIMARY_ADDR (or MASTER_ADDR) for node 0 and node-R for the others, the host names Instant Clusters
 # give their nodes (check they resolve on node 0: getent hosts node-1).
 set -euo pipefail
 die() { echo "hostfile.sh: $*" >&2; exit 2; }
-container_env() {  # NAME...: take each one unset here from the container's environment (RunPod sets
-  # the cluster's variables there; an ssh session does not inherit them)
-  local file=${PLSCALE_CONTAINER_ENV:-/proc/1/environ} entry name
-  [[ -r $file ]] || return 0
-  while IFS= read -r -d '' entry; do
-    for name; do if [[ $entry == "$name="* && -z ${!name:-} ]]; then export "$entry"; fi; done
-  done 2>/dev/null < "$file" || true
-}
+source "$(dirname "${BASH_SOURCE[0]}")/container_env.sh"
 
 out=${1:-hostfile}
 container_env NODE_ADDRS PRIMARY_ADDR MASTER_ADDR NUM_NODES NUM_TRAINERS

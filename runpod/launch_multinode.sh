@@ -8,14 +8,7 @@
 # Then execs `plscale lab run LAB --nodes --gpus --node-rank --master-addr --master-port` (deepspeed, --no_ssh).
 set -euo pipefail
 die() { echo "launch_multinode.sh: $*" >&2; exit 2; }
-container_env() {  # NAME...: take each one unset here from the container's environment (RunPod sets
-  # the cluster's variables there; an ssh session does not inherit them)
-  local file=${PLSCALE_CONTAINER_ENV:-/proc/1/environ} entry name
-  [[ -r $file ]] || return 0
-  while IFS= read -r -d '' entry; do
-    for name; do if [[ $entry == "$name="* && -z ${!name:-} ]]; then export "$entry"; fi; done
-  done 2>/dev/null < "$file" || true
-}
+source "$(dirname "${BASH_SOURCE[0]}")/container_env.sh"
 
 [[ $# -ge 1 && $1 != -* ]] || die "usage: bash runpod/launch_multinode.sh LAB [lab args...], e.g. zero2"
 lab=$1; shift

@@ -52,7 +52,11 @@ def gql(fake, op, variables=None, key=None):
         with urllib.request.urlopen(req, timeout=5) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        text = e.read().decode()
+        try:
+            return e.code, json.loads(text)
+        except ValueError:
+            return e.code, text
 
 
 def iso(seconds_from_now: float) -> str:
@@ -128,7 +132,7 @@ def test_fake_enforces_terminate_after(fake):
 ])
 def test_fake_refuses_a_bad_create_input(fake, bad):
     status, body = gql(fake, "CreatePod", {"input": pod_input(**bad)})
-    assert status == 200 and body["data"] == {"podFindAndDeployOnDemand": None}
+    assert status == 400 and body["data"] == {"podFindAndDeployOnDemand": None}  # GraphQL validation: 400
     assert body["errors"][0]["message"] and fake.alive() == [] and fake.created == []
 
 
@@ -330,11 +334,13 @@ def test_up_status_down(rp, sshd):
 
 def test_up_two_nodes_on_a_private_network(rp, sshd):
     rp.fake.ports_after = 3
-    done = rp.up("--nodes", 2, "--cloud", "community", "--name", "duo", "--yes", sshd=sshd)
+    community = rp.up("--nodes", 2, "--cloud", "community", "--name", "duo", "--yes", sshd=sshd)
+    one_error(community, "--cloud secure")  # RunPod's private network is the secure cloud's only
+    done = rp.up("--nodes", 2, "--name", "duo", "--yes", sshd=sshd)
     assert done.returncode == 0, done.stderr
-    assert "$0.70" in table_rows(done.stdout)["per hour, all pods"][1]  # 2 pods x 1 x 0.35
+    assert "$0.80" in table_rows(done.stdout)["per hour, all pods"][1]  # 2 pods x 1 x 0.40
     assert [s["name"] for s in rp.fake.created] == ["plscale-duo-0", "plscale-duo-1"]
-    assert all(s["globalNetwork"] is True and s["cloudType"] == "COMMUNITY" for s in rp.fake.created)
+    assert all(s["globalNetwork"] is True and s["cloudType"] == "SECURE" for s in rp.fake.created)
     assert [p["node"] for p in rp.state()["clusters"]["duo"]["pods"]] == [0, 1]
     down = rp("down", "--name", "duo", "--yes")
     assert down.returncode == 0 and "nothing left billing" in down.stdout, down.stderr
@@ -587,3 +593,47 @@ def test_sync_without_rsync(rp, sshd, tmp_path):
     assert len(rp.fake.alive()) == 1  # a failed sync leaves the pods up
     assert rp("down", "--yes").returncode == 0
     nothing_left(rp)
+
+
+def test_a_pod_whose_create_answer_was_lost_is_found_by_name_and_terminated(rp, keypair):
+    """RunPod made the pod but the answer never came (a gateway timeout): `up` looks for its name."""
+    rp.fake.lose_create_answer = True
+    done = rp.up("--yes", key=keypair)
+    one_error(done, "HTTP 502", "terminated the 1 pod(s)", "nothing left billing", only=False)
+    assert len(rp.fake.created) == 1 and rp.fake.terminated != []
+    nothing_left(rp)
+
+
+def test_a_field_the_api_refuses_is_named(rp, keypair):
+    rp.fake.unknown_fields = {"globalNetwork"}
+    done = rp.up("--nodes", 2, "--yes", key=keypair)
+    one_error(done, "refused CreatePod", "globalNetwork", only=False)
+    assert rp.fake.created == []
+    nothing_left(rp)
+
+
+def test_a_key_runpod_does_not_know(rp, keypair):
+    rp.fake.null_myself = True
+    one_error(rp.up("--yes", key=keypair), "does not know this API key")
+    assert rp.fake.created == []
+
+
+def test_a_key_with_a_passphrase_must_be_in_the_agent(rp, tmp_path):
+    key = tmp_path / "locked" / "id_ed25519"
+    key.parent.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(key)], check=True)
+    done = rp.up("--yes", key=key, env={"SSH_AUTH_SOCK": ""})
+    one_error(done, "passphrase", f"ssh-add {key}")
+    assert rp.fake.created == []
+
+
+def test_state_writes_keep_the_other_clusters(tmp_path, monkeypatch):
+    """Each command rewrites only its own cluster, under a lock: one `up` cannot drop another's record."""
+    from plscale.runpod import local
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    local.put_cluster({"name": "a", "pods": [{"id": "p1"}]})
+    local.put_cluster({"name": "b", "pods": [{"id": "p2"}, {"id": "p3"}]})
+    local.keep_pods(local.load_state()["clusters"]["b"], ["p3"])
+    local.drop_cluster("a")
+    assert local.load_state() == {"clusters": {"b": {"name": "b", "pods": [{"id": "p3"}]}}}
+    assert stat.S_IMODE(local.state_file().stat().st_mode) == 0o600

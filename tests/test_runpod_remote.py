@@ -60,8 +60,10 @@ def test_ssh_sync_run_logs_fetch_on_one_pod(pods):
     assert (copied / "runpod" / "job.sh").is_file() and (copied / "labs").is_dir()
     assert not (copied / ".venv").exists() and not (copied / ".git").exists()
 
-    done = pods("run", "no-such-lab", "--no-sync")
-    assert done.returncode == 2 and "no-such-lab" in done.stdout  # the pod's plscale said why, streamed here
+    done = pods("run", "no-such-lab", "--no-sync")  # refused here, before anything is started
+    assert done.returncode == 2 and "No lab named 'no-such-lab'" in done.stderr and not (copied / ".plscale" / "jobs").exists()
+    done = pods("run", "collectives", "--cpu", "--gpus", "5", "--no-sync")  # refused by plscale on the pod
+    assert done.returncode == 2 and "not 5" in done.stdout, done.stdout + done.stderr  # its line, streamed here
 
     done = pods("run", "collectives", "--cpu", "--gpus", "2", "--no-sync", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from plscale.errors import UserError
 
@@ -25,3 +26,31 @@ def png_path(flag: str, path: Path) -> Path:
     if not path.parent.is_dir():
         raise UserError(f"{flag} {path}: folder {path.parent} does not exist: create it or pick another path.")
     return path
+
+
+class Progress:
+    """A spinner for long waits on a terminal; elsewhere (logs, CI) one line per new step (a step's
+    message up to its first " (": the rest, such as seconds waited, changes as it goes)."""
+
+    def __init__(self):
+        self.err = make_console(stderr=True)
+        self.live = self.err.status("") if self.err.is_terminal else None
+        self.last = None
+
+    def __enter__(self):
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def __call__(self, message: str) -> None:
+        if self.live:
+            self.live.update(escape(message))
+            return
+        step = message.split(" (")[0]
+        if step != self.last:
+            self.err.print(escape(message), highlight=False)
+            self.last = step

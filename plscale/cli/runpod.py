@@ -5,11 +5,13 @@ time (--max-hours); `down` checks that RunPod lists none of the pods any more. T
 key is read from RUNPOD_API_KEY or a private file and only ever shown masked.
 """
 
+import os
+
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from plscale.cli.output import console, make_console
+from plscale.cli.output import Progress, console, make_console
 from plscale.errors import UserError
 from plscale.runpod import local, provision, remote
 from plscale.runpod.api import KeyRefused, RunPodAPI
@@ -22,33 +24,6 @@ NAME_HELP = "Which cluster (the --name given to `up`); needed only when several 
 
 def _api() -> RunPodAPI:
     return RunPodAPI(local.api_key())
-
-
-class Progress:
-    """A spinner on a terminal; elsewhere (logs, CI) one line per new step."""
-
-    def __init__(self):
-        self.err = make_console(stderr=True)
-        self.live = self.err.status("") if self.err.is_terminal else None
-        self.last = None
-
-    def __enter__(self):
-        if self.live:
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live:
-            self.live.__exit__(*exc)
-
-    def __call__(self, message: str) -> None:
-        if self.live:
-            self.live.update(escape(message))
-            return
-        step = message.split(" (")[0]
-        if step != self.last:
-            self.err.print(escape(message), highlight=False)
-            self.last = step
 
 
 @app.command()
@@ -64,6 +39,8 @@ def login() -> None:
                         "(permission All); nothing was saved.") from None
     path = local.save_key(key)
     console.print(f"Saved key {local.mask(key)} to {escape(str(path))} (mode 600).")
+    if os.environ.get("RUNPOD_API_KEY"):
+        console.print("[yellow]RUNPOD_API_KEY is set in this shell and wins over the file: unset it to use this key.[/]")
 
 
 @app.command()
@@ -83,8 +60,8 @@ def gpus(count: int = typer.Option(1, help="GPUs per pod (stock depends on it)."
     def stock(t, which):
         return ((t.get(which) or {}).get("stockStatus") or "-") if t.get(f"{which}Cloud") else "-"
 
-    for t in sorted(types, key=lambda t: (-t.get("memoryInGb", 0), t["id"])):
-        table.add_row(t["id"], t["displayName"], str(t.get("memoryInGb", "?")), price(t, "secure"),
+    for t in sorted(types, key=lambda t: (-(t.get("memoryInGb") or 0), t.get("id") or "")):
+        table.add_row(t.get("id") or "?", t.get("displayName") or "?", str(t.get("memoryInGb") or "?"), price(t, "secure"),
                       stock(t, "secure"), price(t, "community"), stock(t, "community"))
     console.print(table)
     console.print("Prices are per GPU-hour; `plscale runpod up --gpus N --gpu-type ID` shows the whole cost first.")
@@ -117,13 +94,22 @@ def up(gpus: int = typer.Option(..., help="GPUs per pod."),
         console.print("Nothing created.")
         raise typer.Exit(1)
     with Progress() as progress:
-        cluster = provision.create(api, req, q, key, state, progress)
-    local.save_state(state)
+        cluster = provision.create(api, req, q, key, progress)
     console.print(f"[green]Up:[/] {nodes} pod(s), {escape(q.gpu['id'])}, ${q.per_hour:.2f}/h; RunPod terminates "
                   f"them at {cluster['terminate_after']} at the latest.")
     _show_pods(cluster)
     console.print("Next: `plscale runpod run zero2` (copies the project, installs it on first use, runs the lab), "
                   "`plscale runpod down` when done.")
+
+
+def _reachable(name: str | None) -> dict:
+    """The cluster, once every pod of it has an SSH address (an `up` killed half-way leaves some without)."""
+    cluster = local.cluster_of(local.load_state(), name)
+    waiting = [p["id"] for p in cluster["pods"] if not p.get("host")]
+    if waiting:
+        raise UserError(f"Pod(s) {', '.join(waiting)} of cluster {cluster['name']!r} have no SSH address (their `up` "
+                        f"did not finish): `plscale runpod down --name {cluster['name']}`, then `up` again.")
+    return cluster
 
 
 def _show_quote(req: provision.Request, q: provision.Quote) -> None:
@@ -186,14 +172,13 @@ def _warn_strays(api: RunPodAPI, state: dict) -> bool:
 def ssh(ctx: typer.Context, node: int = typer.Option(0, help="Which node."),
         name: str = typer.Option(None, help=NAME_HELP)) -> None:
     """Open a shell on a pod, or run a command there: `plscale runpod ssh -- nvidia-smi`."""
-    cluster = local.cluster_of(local.load_state(), name)
-    raise typer.Exit(remote.shell(cluster, node, list(ctx.args)))
+    raise typer.Exit(remote.shell(_reachable(name), node, list(ctx.args)))
 
 
 @app.command()
 def sync(name: str = typer.Option(None, help=NAME_HELP)) -> None:
     """Copy this project to every pod (rsync over SSH; runs/, .venv and caches stay behind) and install it."""
-    cluster = local.cluster_of(local.load_state(), name)
+    cluster = _reachable(name)
     with Progress() as progress:
         remote.sync(cluster, progress)
     console.print(f"Synced to {len(cluster['pods'])} pod(s) at {escape(cluster['remote_dir'])}.")
@@ -211,8 +196,11 @@ def run(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as for `
 
     On several pods every node starts the deepspeed launcher (--no_ssh) with its rank and node 0's
     address. The run goes on if the connection drops; Ctrl-C stops it on every pod."""
+    from plscale.run.labs import find
+
+    find(lab)  # an unknown lab fails here, in one line, before minutes of syncing
     variables = dict(_pair(item) for item in env or [])
-    cluster = local.cluster_of(local.load_state(), name)
+    cluster = _reachable(name)
     if not no_sync:
         sync(name=name)
     code = remote.run(cluster, lab, list(ctx.args), variables, detach, master_port, make_console(stderr=True).print)
@@ -231,8 +219,7 @@ def logs(follow: bool = typer.Option(False, "--follow", "-f", help="Keep followi
          lines: int = typer.Option(50, "--lines", "-n", help="How many of the last lines."),
          node: int = typer.Option(0, help="Which node."), name: str = typer.Option(None, help=NAME_HELP)) -> None:
     """The output of the latest run on a pod."""
-    cluster = local.cluster_of(local.load_state(), name)
-    raise typer.Exit(remote.logs(cluster, node, follow, lines))
+    raise typer.Exit(remote.logs(_reachable(name), node, follow, lines))
 
 
 @app.command()
@@ -242,7 +229,7 @@ def fetch(runs: list[str] = typer.Argument(None, help="Run directory names (defa
     """Copy run directories back from a pod into runs/, so `plscale report` works here."""
     from plscale.run.rundir import runs_root
 
-    cluster = local.cluster_of(local.load_state(), name)
+    cluster = _reachable(name)
     with Progress() as progress:
         new = remote.fetch(cluster, runs or [], node, runs_root(), progress)
     for run_dir in new:
@@ -278,10 +265,7 @@ def down(name: str = typer.Option(None, help=NAME_HELP),
             progress(f"terminating {len(live)} pod(s)")
             left = provision.terminate_all(api, live)
     for cluster in clusters:
-        cluster["pods"] = [p for p in cluster["pods"] if p["id"] in left]
-        if not cluster["pods"]:
-            del state["clusters"][cluster["name"]]
-    local.save_state(state)
+        local.keep_pods(cluster, left)
     if left:
         raise UserError(f"RunPod still lists {', '.join(left)} after terminating: run `plscale runpod down"
                         f"{' --all' if all_ else ''}` again, or terminate it at https://www.runpod.io/console/pods.")

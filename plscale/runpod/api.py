@@ -15,8 +15,6 @@ can be pointed elsewhere with PLSCALE_RUNPOD_API (the tests' fake on 127.0.0.1).
 
 import json
 import os
-import urllib.error
-import urllib.request
 
 from plscale.errors import UserError
 
@@ -31,7 +29,7 @@ MYSELF = f"query Myself {{ myself {{ id clientBalance pods {{ {POD_FIELDS} }} }}
 POD = f"""query Pod($podId: String!) {{ pod(input: {{podId: $podId}}) {{ {POD_FIELDS}
   runtime {{ uptimeInSeconds ports {{ ip isIpPublic privatePort publicPort type }} }} }} }}"""
 CREATE = """mutation CreatePod($input: PodFindAndDeployOnDemandInput!) {
-  podFindAndDeployOnDemand(input: $input) { id name desiredStatus costPerHr imageName machineId } }"""
+  podFindAndDeployOnDemand(input: $input) { id name desiredStatus costPerHr } }"""
 TERMINATE = "mutation TerminatePod($input: PodTerminateInput!) { podTerminate(input: $input) }"
 
 
@@ -51,6 +49,10 @@ class LowBalance(RunPodError):
     pass
 
 
+class Unreachable(RunPodError):
+    """No answer, or a server error: whether the operation happened is unknown."""
+
+
 class RunPodAPI:
     def __init__(self, key: str, endpoint: str | None = None, timeout: float = 30):
         self._key = key
@@ -65,36 +67,59 @@ class RunPodAPI:
 
     def pod(self, pod_id: str) -> dict | None:
         """The pod, or None once it is terminated (or never was)."""
-        return self._call("Pod", POD, {"podId": pod_id})["pod"]
+        return self._call("Pod", POD, {"podId": pod_id}, may_be_null=True)["pod"]
 
     def create(self, spec: dict) -> dict:
-        return self._call("CreatePod", CREATE, {"input": spec})["podFindAndDeployOnDemand"]
+        # Finding a machine can take a while: a create that times out may still have made the pod,
+        # which provision looks for by name.
+        return self._call("CreatePod", CREATE, {"input": spec}, timeout=120)["podFindAndDeployOnDemand"]
 
     def terminate(self, pod_id: str) -> None:
-        self._call("TerminatePod", TERMINATE, {"input": {"podId": pod_id}})
+        self._call("TerminatePod", TERMINATE, {"input": {"podId": pod_id}}, may_be_null=True)
 
-    def _call(self, name: str, query: str, variables: dict | None = None) -> dict:
+    def _call(self, name: str, query: str, variables: dict | None = None, timeout: float | None = None,
+              may_be_null: bool = False) -> dict:
+        import urllib.error
+        import urllib.request  # here, not at import: `plscale --help` stays fast
+
         body = json.dumps({"operationName": name, "query": query, "variables": variables or {}}).encode()
         request = urllib.request.Request(self.endpoint, data=body, method="POST", headers={
             "Content-Type": "application/json", "Authorization": f"Bearer {self._key}",
             "User-Agent": "plscale-runpod"})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
                 raise KeyRefused(f"RunPod refused the API key (HTTP {exc.code}): make a new key at "
                                  f"https://www.runpod.io/console/user/settings and set RUNPOD_API_KEY "
                                  f"(or `plscale runpod login`).") from None
-            raise RunPodError(f"RunPod answered HTTP {exc.code} to {name}: try again in a minute; "
+            errors = _errors(exc)
+            if exc.code == 400 and errors:  # GraphQL refuses a malformed request with 400 and says why
+                raise _refusal(name, errors) from None
+            raise Unreachable(f"RunPod answered HTTP {exc.code} to {name}: try again in a minute; "
                               f"https://status.runpod.io says whether the service is down.") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise RunPodError(f"Cannot reach RunPod's API at {self.endpoint} ({reason}): check the network "
+            raise Unreachable(f"Cannot reach RunPod's API at {self.endpoint} ({reason}): check the network "
                               f"(or PLSCALE_RUNPOD_API if you set it).") from None
         if answer.get("errors"):
             raise _refusal(name, "; ".join(str(e.get("message", e)) for e in answer["errors"]))
-        return answer.get("data") or {}
+        data = answer.get("data") or {}
+        field = next(iter(data), None)
+        if not may_be_null and (field is None or data[field] is None):
+            if name == "Myself":  # what RunPod answers a key it does not know
+                raise KeyRefused("RunPod does not know this API key: set a valid RUNPOD_API_KEY.")
+            raise RunPodError(f"RunPod answered {name} with nothing: try again; if it persists, check the "
+                              f"console (https://www.runpod.io/console/pods) for pods named plscale-*.")
+        return data
+
+
+def _errors(exc) -> str:
+    try:
+        return "; ".join(str(e.get("message", e)) for e in json.loads(exc.read()).get("errors") or [])
+    except (ValueError, AttributeError, OSError):
+        return ""
 
 
 def _refusal(name: str, message: str) -> RunPodError:

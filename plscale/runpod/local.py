@@ -7,10 +7,12 @@ every pod `up` created, written atomically after each one, so `down` finds them 
 even after a crash.
 """
 
+import fcntl
 import json
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from plscale.errors import UserError
@@ -87,13 +89,42 @@ def load_state() -> dict:
     try:
         state = json.loads(path.read_text())
     except ValueError:
-        raise UserError(f"{path} is not valid JSON: check the RunPod console for pods, then delete the file.") from None
+        state = None
+    if not isinstance(state, dict) or not isinstance(state.get("clusters", {}), dict):
+        raise UserError(f"{path} is not a plscale state file: check the RunPod console for pods named plscale-*, "
+                        f"then move the file away (`plscale runpod down --all` finds those pods by name).")
     state.setdefault("clusters", {})
     return state
 
 
-def save_state(state: dict) -> None:
-    write_private(state_file(), json.dumps(state, indent=2) + "\n")
+@contextmanager
+def _locked():
+    """One writer at a time: two commands at once (an `up` and a `down`, say) must not lose a cluster."""
+    state_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(state_dir() / "runpod.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def put_cluster(cluster: dict) -> None:
+    """Record a cluster as it is now (re-reading the file, so other clusters' records stay as they are)."""
+    with _locked():
+        state = load_state()
+        state["clusters"][cluster["name"]] = cluster
+        write_private(state_file(), json.dumps(state, indent=2) + "\n")
+
+
+def drop_cluster(name: str) -> None:
+    with _locked():
+        state = load_state()
+        state["clusters"].pop(name, None)
+        write_private(state_file(), json.dumps(state, indent=2) + "\n")
+
+
+def keep_pods(cluster: dict, pod_ids: list[str]) -> None:
+    """Keep only these pods of the cluster on record; a cluster left with none leaves the file."""
+    cluster["pods"] = [p for p in cluster["pods"] if p["id"] in pod_ids]
+    put_cluster(cluster) if cluster["pods"] else drop_cluster(cluster["name"])
 
 
 def cluster_of(state: dict, name: str | None) -> dict:

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.runpod import local, ssh
-from plscale.runpod.api import LowBalance, NoCapacity, RunPodAPI, RunPodError
+from plscale.runpod.api import KeyRefused, LowBalance, NoCapacity, RunPodAPI, RunPodError, Unreachable
 
 PREFIX = "plscale-"
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+OUR_POD = re.compile(rf"^{PREFIX}[a-z0-9][a-z0-9-]*-\d+$")  # plscale-CLUSTER-NODE: pods `up` names
 
 
 @dataclass
@@ -65,9 +66,16 @@ def check(req: Request, state: dict) -> Path:
     if req.name in state["clusters"]:
         raise UserError(f"Cluster {req.name!r} is already up: `plscale runpod down --name {req.name}` first, "
                         f"or pick another --name.")
-    if not req.remote_dir.startswith("/"):
-        raise UserError(f"--remote-dir {req.remote_dir}: give an absolute path on the pod, e.g. /workspace/plscale.")
-    return private_key(req.ssh_key)
+    if req.nodes > 1 and req.cloud != "secure":
+        raise UserError(f"--nodes {req.nodes} --cloud {req.cloud}: several pods talk over RunPod's private network, "
+                        f"which only the secure cloud has: use --cloud secure.")
+    if not req.remote_dir.startswith("/") or any(c.isspace() for c in req.remote_dir):
+        raise UserError(f"--remote-dir {req.remote_dir!r}: give an absolute path on the pod without spaces, "
+                        f"e.g. /workspace/plscale.")
+    ssh.require("ssh"), ssh.require("ssh-keygen")
+    key = private_key(req.ssh_key)
+    ssh.check_key(key)
+    return key
 
 
 def private_key(given: str | None) -> Path:
@@ -82,7 +90,7 @@ def private_key(given: str | None) -> Path:
 
 def quote(api: RunPodAPI, req: Request) -> Quote:
     types = api.gpu_types(req.gpus)
-    by_name = {t["id"].lower(): t for t in types} | {t["displayName"].lower(): t for t in types}
+    by_name = {(t.get("id") or "").lower(): t for t in types} | {(t.get("displayName") or "").lower(): t for t in types}
     gpu = by_name.get(req.gpu_type.lower())
     if gpu is None:
         close = difflib.get_close_matches(req.gpu_type.lower(), list(by_name), n=1, cutoff=0.75)
@@ -119,7 +127,7 @@ def pod_spec(req: Request, q: Quote, node: int, public_key: str, deadline: datet
     return spec
 
 
-def create(api: RunPodAPI, req: Request, q: Quote, key: Path, state: dict, status) -> dict:
+def create(api: RunPodAPI, req: Request, q: Quote, key: Path, status) -> dict:
     """Create the pods and wait until SSH answers on each. On any failure (Ctrl-C included) every
     pod created so far is terminated and checked gone, then the error goes on."""
     deadline = datetime.now(timezone.utc) + timedelta(hours=req.max_hours)
@@ -128,7 +136,6 @@ def create(api: RunPodAPI, req: Request, q: Quote, key: Path, state: dict, statu
                "image": req.image, "max_hours": req.max_hours,
                "terminate_after": deadline.isoformat(timespec="seconds"), "remote_dir": req.remote_dir,
                "ssh_key": str(key), "pods": []}
-    state["clusters"][req.name] = cluster
     public_key = key.with_name(key.name + ".pub").read_text().strip()
     try:
         for node in range(req.nodes):
@@ -136,11 +143,10 @@ def create(api: RunPodAPI, req: Request, q: Quote, key: Path, state: dict, statu
             made = api.create(pod_spec(req, q, node, public_key, deadline))
             cluster["pods"].append({"id": made["id"], "node": node, "cost_per_hr": made.get("costPerHr"),
                                     "host": None, "port": None})
-            local.save_state(state)
+            local.put_cluster(cluster)
         wait_for_ssh(api, cluster, req.timeout, status)
     except BaseException as exc:
-        created = [p["id"] for p in cluster["pods"]]
-        left = undo(api, state, cluster, status)
+        created, left = undo(api, cluster, status)
         if isinstance(exc, (UserError, KeyboardInterrupt)) and created:
             interrupted = isinstance(exc, KeyboardInterrupt)
             error = (Interrupted if interrupted else RunPodError)(
@@ -148,12 +154,21 @@ def create(api: RunPodAPI, req: Request, q: Quote, key: Path, state: dict, statu
                 f"it had created ({', '.join(created)}); {_gone(left)}")
             raise error from None
         raise
+    local.put_cluster(cluster)
     return cluster
 
 
-def undo(api: RunPodAPI, state: dict, cluster: dict, status) -> list[str]:
-    """Terminate a half-made cluster. It leaves the state file only once RunPod lists none of its pods."""
+def undo(api: RunPodAPI, cluster: dict, status) -> tuple[list[str], list[str]]:
+    """Terminate a half-made cluster: the pods on record, and any RunPod lists under the cluster's pod
+    names (a create whose answer was lost may have made one). Returns (created, still listed); the
+    cluster leaves the state file only once RunPod lists none of its pods."""
     created = [p["id"] for p in cluster["pods"]]
+    try:
+        named = re.compile(rf"^{PREFIX}{re.escape(cluster['name'])}-\d+$")
+        created += [p["id"] for p in api.myself().get("pods") or [] if named.match(p.get("name") or "")
+                    and p["id"] not in created]
+    except RunPodError:
+        pass  # unreachable: the recorded pods at least are tried below
     left = created
     if created:
         status(f"terminating the {len(created)} pod(s) just created")
@@ -161,11 +176,10 @@ def undo(api: RunPodAPI, state: dict, cluster: dict, status) -> list[str]:
             left = terminate_all(api, created)
         except RunPodError:
             pass  # RunPod unreachable: every pod stays in the state file for `down`
-    cluster["pods"] = [p for p in cluster["pods"] if p["id"] in left]
-    if not cluster["pods"]:
-        del state["clusters"][cluster["name"]]
-    local.save_state(state)
-    return left
+    recorded = {p["id"] for p in cluster["pods"]}
+    cluster["pods"] += [{"id": i, "node": None, "host": None, "port": None} for i in left if i not in recorded]
+    local.keep_pods(cluster, left)
+    return created, left
 
 
 class Interrupted(RunPodError):
@@ -225,7 +239,16 @@ def ssh_endpoint(pod: dict) -> tuple[str, int] | None:
 def still_listed(api: RunPodAPI, pod_ids: list[str]) -> list[str]:
     """The pods RunPod still lists (in the account, or by id): they may still bill."""
     listed = {p["id"] for p in api.myself().get("pods") or []}
-    return [i for i in pod_ids if i in listed or api.pod(i) is not None]
+    return [i for i in pod_ids if i in listed or _exists(api, i)]
+
+
+def _exists(api: RunPodAPI, pod_id: str) -> bool:
+    try:
+        return api.pod(pod_id) is not None
+    except (Unreachable, KeyRefused):
+        raise
+    except RunPodError:  # "not found" as an error rather than null: gone
+        return False
 
 
 def terminate_all(api: RunPodAPI, pod_ids: list[str]) -> list[str]:
@@ -258,4 +281,4 @@ def ours(api: RunPodAPI, state: dict) -> list[str]:
 def strays(api: RunPodAPI, state: dict) -> list[dict]:
     """Pods named by this tool in the account that the state file does not know (a lost or older one)."""
     known = {p["id"] for c in state["clusters"].values() for p in c["pods"]}
-    return [p for p in api.myself().get("pods") or [] if p.get("name", "").startswith(PREFIX) and p["id"] not in known]
+    return [p for p in api.myself().get("pods") or [] if OUR_POD.match(p.get("name") or "") and p["id"] not in known]

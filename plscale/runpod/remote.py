@@ -60,14 +60,13 @@ def sync(cluster: dict, say) -> None:
 def run(cluster: dict, lab: str, args: list[str], env: dict, detach: bool, master_port: int, say) -> int:
     """Start `plscale lab run LAB ARGS` on every pod, with `env` set (NCCL_* for instance); stream
     node 0 until every node is done."""
-    if not any(a == "--gpus" or a.startswith("--gpus=") for a in args):
-        args = ["--gpus", str(cluster["gpus"]), *args]
     nodes = cluster["pods"]
     job = f"run-{datetime.now():%Y%m%d-%H%M%S}-{lab}"
     names = {p["node"]: (job if len(nodes) == 1 else f"{job}-node{p['node']}") for p in nodes}
     if len(nodes) == 1:
-        commands = {0: ["env", *[f"{k}={v}" for k, v in env.items()], "plscale", "lab", "run", lab, *args]}
-    else:
+        gpus = [] if any(a == "--gpus" or a.startswith("--gpus=") for a in args) else ["--gpus", str(cluster["gpus"])]
+        commands = {0: ["env", *[f"{k}={v}" for k, v in env.items()], "plscale", "lab", "run", lab, *gpus, *args]}
+    else:  # launch_multinode.sh passes --gpus NUM_TRAINERS (a --gpus in args comes later and wins)
         address = _output(cluster, nodes[0], in_dir(cluster, "bash runpod/node_addr.sh"), "runpod/node_addr.sh")
         say(f"{len(nodes)} nodes, node 0 at {address}:{master_port}")
         env = {**env, "PRIMARY_ADDR": address, "PRIMARY_PORT": master_port, "NUM_NODES": len(nodes),
@@ -85,41 +84,63 @@ def run(cluster: dict, lab: str, args: list[str], env: dict, detach: bool, maste
 
 
 def _follow(cluster: dict, nodes: list[dict], names: dict) -> int:
-    first = nodes[0]
-    follow = ssh.argv(cluster, first, in_dir(cluster, f"bash runpod/job.sh follow {names[0]}"))
-    stream = subprocess.Popen(follow, stdin=subprocess.DEVNULL)
+    """Stream node 0's log while watching the others. A node that fails stops them all, as does
+    Ctrl-C; a lost connection leaves the run going (it is detached from ssh)."""
+    job = f"bash runpod/job.sh follow {shlex.quote(names[0])}"
+    stream = subprocess.Popen(ssh.argv(cluster, nodes[0], in_dir(cluster, job)), stdin=subprocess.DEVNULL)
     try:
-        while stream.poll() is None:
-            for pod in nodes[1:]:
-                state = _status(cluster, pod, names[pod["node"]])
-                if state.startswith("exited") and state != "exited 0":
-                    _stop(cluster, nodes, names)
-                    stream.wait(timeout=60)
-                    tail = _output(cluster, pod, in_dir(cluster, f"bash runpod/job.sh tail {names[pod['node']]} 20"),
-                                   "reading its log")
-                    print(f"--- node {pod['node']} failed ({state}); its last lines:\n{tail}", file=sys.stderr)
-                    return int(state.split()[1])
+        failed = None
+        while failed is None and stream.poll() is None:
+            failed = _failed(cluster, nodes[1:], names)
             time.sleep(2)
+        if failed is None and stream.returncode == 255:  # ssh's own failure, not the run's
+            print("The connection to node 0 was lost; the run goes on there: `plscale runpod logs -f` follows it.",
+                  file=sys.stderr)
+            return 255
+        if failed is None and stream.returncode != 0 and len(nodes) > 1:
+            failed = (nodes[0], f"exited {stream.returncode}")
+        while failed is None and any(_status(cluster, p, names[p["node"]]) == "running" for p in nodes[1:]):
+            time.sleep(1)  # node 0 done: the others finish with it
+            failed = _failed(cluster, nodes[1:], names)
+        if failed is None:
+            return stream.returncode
+        pod, state = failed
+        _stop(cluster, nodes, names)
+        if pod is not nodes[0]:
+            tail = _output(cluster, pod, in_dir(cluster, f"bash runpod/job.sh tail {shlex.quote(names[pod['node']])} "
+                                                         f"20"), "reading its log")
+            print(f"--- node {pod['node']} failed ({state}); its last lines:\n{tail}", file=sys.stderr)
+        print("Stopped the run on every node.", file=sys.stderr)
+        return int(state.split()[1]) or 1
     except KeyboardInterrupt:
         _stop(cluster, nodes, names)
-        stream.kill()
         print("Stopped the run on every pod.", file=sys.stderr)
         return 130
-    code = stream.returncode
-    for pod in nodes[1:]:  # node 0 done: the others finish with it
-        while (state := _status(cluster, pod, names[pod["node"]])) == "running":
-            time.sleep(1)
-        code = code or int(state.split()[1])
-    return code
+    finally:
+        if stream.poll() is None:
+            stream.kill()
+
+
+def _failed(cluster: dict, nodes: list[dict], names: dict) -> tuple[dict, str] | None:
+    for pod in nodes:
+        state = _status(cluster, pod, names[pod["node"]])
+        if state.startswith("exited") and state != "exited 0":
+            return pod, state
+    return None
 
 
 def _status(cluster: dict, pod: dict, name: str) -> str:
-    return _output(cluster, pod, in_dir(cluster, f"bash runpod/job.sh status {name}"), "reading a job's status")
+    return _output(cluster, pod, in_dir(cluster, f"bash runpod/job.sh status {shlex.quote(name)}"),
+                   "reading a job's status")
 
 
 def _stop(cluster: dict, nodes: list[dict], names: dict) -> None:
     for pod in nodes:
-        ssh.run(cluster, pod, in_dir(cluster, f"bash runpod/job.sh stop {names[pod['node']]}"))
+        try:
+            ssh.run(cluster, pod, in_dir(cluster, f"bash runpod/job.sh stop {shlex.quote(names[pod['node']])}"))
+        except subprocess.TimeoutExpired:
+            print(f"Node {pod['node']} did not answer: its run may go on (`plscale runpod ssh --node {pod['node']}`).",
+                  file=sys.stderr)
 
 
 def logs(cluster: dict, node: int, follow: bool, lines: int) -> int:
@@ -162,7 +183,11 @@ def pod_at(cluster: dict, node: int) -> dict:
 
 
 def _output(cluster: dict, pod: dict, command: str, what: str) -> str:
-    done = ssh.run(cluster, pod, command)
+    try:
+        done = ssh.run(cluster, pod, command)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"Node {pod['node']} ({pod['host']}:{pod['port']}) did not answer within a minute while "
+                        f"{what}: `plscale runpod status` says whether it is up.") from None
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
         raise UserError(f"Node {pod['node']} ({pod['host']}:{pod['port']}): {what} failed: {last[0]} "

@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.runpod.local import known_hosts
@@ -22,10 +23,21 @@ def user() -> str:
 def require(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        hint = {"rsync": "apt install rsync, brew install rsync, or on Windows use WSL",
-                "ssh": "apt install openssh-client (macOS and Windows 10+ have it)"}[tool]
+        hint = {"rsync": "apt install rsync, brew install rsync, or on Windows use WSL"}.get(
+            tool, "apt install openssh-client (macOS and Windows 10+ have it)")
         raise UserError(f"{tool} is not installed on this machine, and plscale needs it to reach the pods: {hint}.")
     return path
+
+
+def check_key(key) -> None:
+    """ssh runs in batch mode (nobody is there to type a passphrase): a key with one must be in the agent."""
+    if subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", str(key)], capture_output=True).returncode == 0:
+        return
+    public = " ".join(Path(f"{key}.pub").read_text().split()[:2])
+    agent = subprocess.run(["ssh-add", "-L"], capture_output=True, text=True) if shutil.which("ssh-add") else None
+    if agent is None or public not in agent.stdout:
+        raise UserError(f"SSH key {key} has a passphrase and is not in your ssh-agent: run `ssh-add {key}` "
+                        f"first (plscale connects without asking for passphrases).")
 
 
 def options(cluster: dict, pod: dict, batch: bool = True) -> list[str]:

@@ -143,6 +143,9 @@ class FakeRunPod:
         self.private_port_first = True  # runtime.ports lists the pod's private 22 before the public
         self.server_error = False  # every request answers HTTP 500
         self.delay = 0.0  # seconds each request waits before it is answered
+        self.lose_create_answer = False  # CreatePod makes the pod, then answers HTTP 502 (a gateway timeout)
+        self.unknown_fields: set[str] = set()  # CreatePod input fields this "version" of the API refuses
+        self.null_myself = False  # Myself answers null (RunPod's answer to a key it does not know)
         self.clock_offset = 0.0  # seconds the service's clock is ahead of the real one (advance())
 
         self.requests: list[dict] = []
@@ -280,9 +283,13 @@ class FakeRunPod:
             with self._lock:
                 result = getattr(self, "_op_" + op)(variables)
         except InputError as e:
-            return self._reply(handler, 200, self._error(op, str(e), "GRAPHQL_VALIDATION_FAILED"))
+            return self._reply(handler, 400, self._error(op, str(e), "GRAPHQL_VALIDATION_FAILED"))
         if isinstance(result, tuple):  # (error message, code)
             return self._reply(handler, 200, self._error(op, *result))
+        if op == "CreatePod" and self.lose_create_answer:
+            return self._reply(handler, 502, "Bad Gateway", "text/plain")
+        if op == "Myself" and self.null_myself:
+            result = None
         return self._reply(handler, 200, {"data": {FIELDS[op]: result}})
 
     @staticmethod
@@ -389,6 +396,9 @@ class FakeRunPod:
         self.create_calls += 1
         inp = variables.get("input")
         self._check_input(inp)
+        for name in self.unknown_fields & set(inp):
+            raise InputError(f'Variable "$input" got invalid value; Field "{name}" is not defined by type '
+                             f'"PodFindAndDeployOnDemandInput".')
         if self.fail_create_at is not None and index == self.fail_create_at:
             return (GENERIC_ERROR, "INTERNAL_SERVER_ERROR")
         gpu = self._gpu(inp["gpuTypeId"])

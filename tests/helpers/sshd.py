@@ -47,8 +47,8 @@ class LocalSSHD:
         path = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
         config = folder / "sshd_config"
         config.write_text("\n".join([
-            f"Port {self.port}", f"ListenAddress {self.host}", f"HostKey {folder / 'host_key'}",
-            f"AuthorizedKeysFile {folder / 'authorized_keys'}", f"PidFile {folder / 'sshd.pid'}",
+            f"Port {self.port}", f"ListenAddress {self.host}", f'HostKey "{folder / "host_key"}"',
+            f'AuthorizedKeysFile "{folder / "authorized_keys"}"', f'PidFile "{folder / "sshd.pid"}"',
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
             "StrictModes no", "UsePAM no", f"SetEnv PATH={path}", ""]))
         Path("/run/sshd").mkdir(exist_ok=True) if os.geteuid() == 0 else None  # privilege separation dir
