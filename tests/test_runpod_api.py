@@ -554,6 +554,10 @@ def test_down_retries_a_refused_terminate(rp):
     (["--name", "Bad_Name"], ["--name"]),
     (["--remote-dir", "plscale"], ["--remote-dir", "absolute"]),
     (["--disk", 5], ["--disk"]),
+    (["--timeout", 0], ["--timeout 0"]),
+    (["--image", ""], ["--image is empty"]),
+    (["--max-hours", 0.0001], ["--max-hours", "0.01"]),
+    (["--gpu-type", "h100"], ["not a RunPod GPU type", "NVIDIA H100 80GB HBM3"]),
 ])
 def test_bad_up_input(rp, keypair, args, words):
     one_error(rp.up(*args, "--yes", key=keypair), *words)
@@ -561,9 +565,20 @@ def test_bad_up_input(rp, keypair, args, words):
     nothing_left(rp)
 
 
-def test_missing_ssh_key(rp, tmp_path):
+def test_missing_ssh_key(rp, tmp_path, keypair):
     one_error(rp.up("--yes", key=tmp_path / "nope" / "id_ed25519"), "ssh-keygen", "--ssh-key")
+    one_error(rp.up("--yes", key=f"{keypair}.pub"), "give the private key", str(keypair))
     assert rp.fake.requests == []
+
+
+def test_up_forgets_a_cluster_whose_pods_are_gone(rp, sshd):
+    assert rp.up("--max-hours", 0.01, "--yes", sshd=sshd).returncode == 0
+    rp.fake.advance(60)  # past its --max-hours: RunPod ended it
+    done = rp.up("--yes", sshd=sshd)
+    assert done.returncode == 0 and "no longer lists the pods of the earlier cluster" in done.stdout, done.stderr
+    assert len(rp.state()["clusters"]["plscale"]["pods"]) == 1 and len(rp.fake.alive()) == 1
+    assert rp("down", "--yes").returncode == 0
+    nothing_left(rp)
 
 
 @pytest.mark.parametrize("trouble, words", [

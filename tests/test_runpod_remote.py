@@ -60,6 +60,8 @@ def test_ssh_sync_run_logs_fetch_on_one_pod(pods):
     assert (copied / "runpod" / "job.sh").is_file() and (copied / "labs").is_dir()
     assert not (copied / ".venv").exists() and not (copied / ".git").exists()
 
+    done = pods("logs")
+    assert done.returncode == 2 and "No run on node 0 yet" in done.stderr, done.stderr
     done = pods("run", "no-such-lab", "--no-sync")  # refused here, before anything is started
     assert done.returncode == 2 and "No lab named 'no-such-lab'" in done.stderr and not (copied / ".plscale" / "jobs").exists()
     done = pods("run", "collectives", "--cpu", "--gpus", "5", "--no-sync")  # refused by plscale on the pod
@@ -77,6 +79,8 @@ def test_ssh_sync_run_logs_fetch_on_one_pod(pods):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == newest.read_text().splitlines()[-5:]  # the collectives run's last lines
 
+    done = pods("fetch", "20990101-000000-nope")
+    assert done.returncode == 2 and f"its runs are {remote_runs[0].name}" in done.stderr, done.stderr
     done = pods("fetch")
     assert done.returncode == 0, done.stderr
     fetched = pods.tmp / "local_runs" / remote_runs[0].name

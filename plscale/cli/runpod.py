@@ -23,7 +23,8 @@ NAME_HELP = "Which cluster (the --name given to `up`); needed only when several 
 
 
 def _api() -> RunPodAPI:
-    return RunPodAPI(local.api_key())
+    key, source = local.key_and_source()
+    return RunPodAPI(key, source=source)
 
 
 @app.command()
@@ -47,6 +48,9 @@ def login() -> None:
 def gpus(count: int = typer.Option(1, help="GPUs per pod (stock depends on it)."),
          cloud: str = typer.Option(None, help="Only GPU types offered in this cloud: secure or community.")) -> None:
     """GPU types with memory, price per GPU-hour (secure and community cloud) and stock."""
+    cloud = cloud.lower() if cloud else None
+    if count < 1:
+        raise UserError(f"--count {count}: give the GPUs per pod, 1 or more.")
     if cloud not in (None, "secure", "community"):
         raise UserError(f"--cloud {cloud}: use secure or community.")
     types = [t for t in _api().gpu_types(count) if cloud is None or t.get(f"{cloud}Cloud")]
@@ -85,8 +89,12 @@ def up(gpus: int = typer.Option(..., help="GPUs per pod."),
     req = provision.Request(gpus, gpu_type, nodes, cloud, volume, disk, image, max_hours, name, ssh_key,
                             remote_dir, timeout)
     state = local.load_state()
-    key = provision.check(req, state)
     api = _api()
+    if name in state["clusters"] and not provision.still_listed(api, [p["id"] for p in state["clusters"][name]["pods"]]):
+        local.drop_cluster(name)  # its pods are gone (their --max-hours passed, or the console): forget it
+        console.print(f"RunPod no longer lists the pods of the earlier cluster {escape(name)!r}: cleared its record.")
+        state = local.load_state()
+    key = provision.check(req, state)
     q = provision.quote(api, req)
     _show_quote(req, q)
     provision.check_balance(q)
@@ -154,9 +162,16 @@ def status(name: str = typer.Option(None, help=NAME_HELP)) -> None:
             console.print("RunPod no longer lists these pods (their --max-hours passed, or they were terminated in "
                           "the console): `plscale runpod down` clears the record.")
             continue
-        console.print(f"${per_hour:.2f}/h now; RunPod terminates them at {cluster['terminate_after']} "
-                      f"(--max-hours {cluster['max_hours']:g}).")
+        console.print(f"${per_hour:.2f}/h now; RunPod terminates them at {cluster['terminate_after']}, "
+                      f"{_time_left(cluster['terminate_after'])} (--max-hours {cluster['max_hours']:g}).")
     _warn_strays(api, state)
+
+
+def _time_left(when: str) -> str:
+    from datetime import datetime, timezone
+
+    minutes = int((datetime.fromisoformat(when) - datetime.now(timezone.utc)).total_seconds() // 60)
+    return f"in {minutes // 60} h {minutes % 60:02d} min" if minutes > 0 else "now"
 
 
 def _warn_strays(api: RunPodAPI, state: dict) -> bool:
@@ -216,7 +231,7 @@ def _pair(item: str) -> tuple[str, str]:
 
 @app.command()
 def logs(follow: bool = typer.Option(False, "--follow", "-f", help="Keep following until the run ends."),
-         lines: int = typer.Option(50, "--lines", "-n", help="How many of the last lines."),
+         lines: int = typer.Option(50, "--lines", "-n", min=1, help="How many of the last lines."),
          node: int = typer.Option(0, help="Which node."), name: str = typer.Option(None, help=NAME_HELP)) -> None:
     """The output of the latest run on a pod."""
     raise typer.Exit(remote.logs(_reachable(name), node, follow, lines))
@@ -234,7 +249,8 @@ def fetch(runs: list[str] = typer.Argument(None, help="Run directory names (defa
         new = remote.fetch(cluster, runs or [], node, runs_root(), progress)
     for run_dir in new:
         console.print(f"fetched {escape(str(run_dir))}")
-    console.print(f"{len(new)} new run director{'y' if len(new) == 1 else 'ies'} in {escape(str(runs_root()))}"
+    where = runs_root() if node == 0 else runs_root() / f"node-{node}"
+    console.print(f"{len(new)} new run director{'y' if len(new) == 1 else 'ies'} in {escape(str(where))}"
                   + (f": `plscale report {escape(str(new[-1]))}`" if new else " (the others were here already)."))
 
 
@@ -267,8 +283,9 @@ def down(name: str = typer.Option(None, help=NAME_HELP),
     for cluster in clusters:
         local.keep_pods(cluster, left)
     if left:
-        raise UserError(f"RunPod still lists {', '.join(left)} after terminating: run `plscale runpod down"
-                        f"{' --all' if all_ else ''}` again, or terminate it at https://www.runpod.io/console/pods.")
+        again = " --all" if all_ else f" --name {clusters[0]['name']}"
+        raise UserError(f"RunPod still lists {', '.join(left)} after terminating: run `plscale runpod down{again}` "
+                        f"again, or terminate it at https://www.runpod.io/console/pods.")
     if live:
         console.print(f"[green]Terminated {len(live)} pod(s)[/] ({', '.join(live)}); RunPod lists none of them now.")
     if gone:

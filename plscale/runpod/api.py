@@ -54,8 +54,9 @@ class Unreachable(RunPodError):
 
 
 class RunPodAPI:
-    def __init__(self, key: str, endpoint: str | None = None, timeout: float = 30):
+    def __init__(self, key: str, endpoint: str | None = None, timeout: float = 30, source: str | None = None):
         self._key = key
+        self.source = source  # where the key came from, said when RunPod refuses it
         self.endpoint = endpoint or os.environ.get("PLSCALE_RUNPOD_API") or ENDPOINT
         self.timeout = timeout
 
@@ -91,9 +92,12 @@ class RunPodAPI:
                 answer = json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as exc:
             if exc.code in (401, 403):
-                raise KeyRefused(f"RunPod refused the API key (HTTP {exc.code}): make a new key at "
-                                 f"https://www.runpod.io/console/user/settings and set RUNPOD_API_KEY "
-                                 f"(or `plscale runpod login`).") from None
+                which = f" {'****' + self._key[-4:] if len(self._key) > 8 else '****'} from {self.source}" \
+                    if self.source else ""
+                fix = ("set RUNPOD_API_KEY to a valid one, or unset it to use the saved key" if
+                       self.source == "RUNPOD_API_KEY" else "set RUNPOD_API_KEY (or `plscale runpod login`)")
+                raise KeyRefused(f"RunPod refused the API key{which} (HTTP {exc.code}): make a new key at "
+                                 f"https://www.runpod.io/console/user/settings and {fix}.") from None
             errors = _errors(exc)
             if exc.code == 400 and errors:  # GraphQL refuses a malformed request with 400 and says why
                 raise _refusal(name, errors) from None

@@ -43,9 +43,14 @@ def mask(key: str) -> str:
 
 
 def api_key() -> str:
+    return key_and_source()[0]
+
+
+def key_and_source() -> tuple[str, str]:
+    """The API key and where it came from (said when RunPod refuses it)."""
     key = os.environ.get("RUNPOD_API_KEY", "").strip()
     if key:
-        return key
+        return key, "RUNPOD_API_KEY"
     path = key_file()
     if not path.is_file():
         raise UserError("No RunPod API key: make one at https://www.runpod.io/console/user/settings, then "
@@ -57,7 +62,7 @@ def api_key() -> str:
     key = path.read_text().strip()
     if not key:
         raise UserError(f"{path} is empty: store a key with `plscale runpod login`.")
-    return key
+    return key, str(path)
 
 
 def write_private(path: Path, text: str) -> None:
@@ -138,5 +143,5 @@ def cluster_of(state: dict, name: str | None) -> dict:
     if not clusters:
         raise UserError("No pods: start some with `plscale runpod up --gpus N --gpu-type T`.")
     if len(clusters) > 1:
-        raise UserError(f"Several clusters ({', '.join(clusters)}): pick one with --name.")
+        raise UserError(f"Several clusters ({', '.join(clusters)}): pick one with --name (`down --all` ends them all).")
     return next(iter(clusters.values()))

@@ -54,11 +54,16 @@ def check(req: Request, state: dict) -> Path:
     """Bad input, found before RunPod is asked anything. Returns the private key's path."""
     if req.gpus < 1 or req.nodes < 1:
         raise UserError(f"--gpus {req.gpus} --nodes {req.nodes}: use 1 or more of each.")
+    req.cloud = req.cloud.lower()
     if req.cloud not in ("secure", "community"):
         raise UserError(f"--cloud {req.cloud}: use secure or community.")
-    if not 0 < req.max_hours <= 72:
-        raise UserError(f"--max-hours {req.max_hours:g}: use a number of hours above 0 and at most 72; the pods "
+    if not 0.01 <= req.max_hours <= 72:
+        raise UserError(f"--max-hours {req.max_hours:g}: use a number of hours from 0.01 to 72; the pods "
                         f"are terminated by RunPod then, so pick what the labs need plus a margin.")
+    if not req.timeout > 0:
+        raise UserError(f"--timeout {req.timeout:g}: give the seconds to wait for SSH, above 0 (default 900).")
+    if not req.image.strip():
+        raise UserError("--image is empty: give a container image, e.g. the default " + Request.image + ".")
     if req.volume < 0 or req.disk < 10:
         raise UserError(f"--volume {req.volume} --disk {req.disk}: the volume is 0 GB or more, the disk 10 GB or more.")
     if not NAME.match(req.name):
@@ -79,6 +84,8 @@ def check(req: Request, state: dict) -> Path:
 
 
 def private_key(given: str | None) -> Path:
+    if given and given.endswith(".pub"):
+        raise UserError(f"--ssh-key {given}: give the private key, {given[:-4]} (its .pub goes to the pods).")
     candidates = [Path(given).expanduser()] if given else [Path.home() / ".ssh" / n for n in ("id_ed25519", "id_rsa")]
     for key in candidates:
         if key.is_file() and key.with_name(key.name + ".pub").is_file():
@@ -93,7 +100,8 @@ def quote(api: RunPodAPI, req: Request) -> Quote:
     by_name = {(t.get("id") or "").lower(): t for t in types} | {(t.get("displayName") or "").lower(): t for t in types}
     gpu = by_name.get(req.gpu_type.lower())
     if gpu is None:
-        close = difflib.get_close_matches(req.gpu_type.lower(), list(by_name), n=1, cutoff=0.75)
+        close = difflib.get_close_matches(req.gpu_type.lower(), list(by_name), n=1, cutoff=0.75) or \
+            [n for n in by_name if req.gpu_type.lower() in n][:1]
         hint = f" Did you mean {by_name[close[0]]['id']!r}?" if close else ""
         raise UserError(f"--gpu-type {req.gpu_type!r} is not a RunPod GPU type.{hint} `plscale runpod gpus` lists them.")
     price = gpu.get(f"{req.cloud}Price")
@@ -146,7 +154,11 @@ def create(api: RunPodAPI, req: Request, q: Quote, key: Path, status) -> dict:
             local.put_cluster(cluster)
         wait_for_ssh(api, cluster, req.timeout, status)
     except BaseException as exc:
-        created, left = undo(api, cluster, status)
+        try:
+            created, left = undo(api, cluster, status)
+        except KeyboardInterrupt:
+            raise Interrupted(f"Interrupted while terminating: pod(s) {', '.join(p['id'] for p in cluster['pods'])} "
+                              f"may still be running: `plscale runpod down --name {cluster['name']}` ends them.") from None
         if isinstance(exc, (UserError, KeyboardInterrupt)) and created:
             interrupted = isinstance(exc, KeyboardInterrupt)
             error = (Interrupted if interrupted else RunPodError)(

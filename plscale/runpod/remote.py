@@ -145,7 +145,10 @@ def _stop(cluster: dict, nodes: list[dict], names: dict) -> None:
 
 def logs(cluster: dict, node: int, follow: bool, lines: int) -> int:
     pod = pod_at(cluster, node)
-    name = _output(cluster, pod, in_dir(cluster, "bash runpod/job.sh latest"), "finding the latest run")
+    latest = ssh.run(cluster, pod, in_dir(cluster, "bash runpod/job.sh latest 2>/dev/null"))
+    if latest.returncode != 0 or not latest.stdout.strip():
+        raise UserError(f"No run on node {node} yet: start one with `plscale runpod run LAB`.")
+    name = latest.stdout.strip()
     verb = f"follow {shlex.quote(name)}" if follow else f"tail {shlex.quote(name)} {lines}"
     return subprocess.call(ssh.argv(cluster, pod, in_dir(cluster, f"bash runpod/job.sh {verb}")),
                            stdin=subprocess.DEVNULL)
@@ -156,6 +159,13 @@ def fetch(cluster: dict, runs: list[str], node: int, dest: Path, say) -> list[Pa
     plots: what `plscale report` reads); another node's go to runs/node-K/, as their names may
     be node 0's."""
     pod = pod_at(cluster, node)
+    there = ssh.run(cluster, pod, in_dir(cluster, "ls runs 2>/dev/null")).stdout.split()
+    if not there:
+        raise UserError(f"No runs on node {node} yet: start one with `plscale runpod run LAB`.")
+    missing = [r for r in runs if r.strip("/") not in there]
+    if missing:
+        raise UserError(f"No run {', '.join(missing)} on node {node}: its runs are {', '.join(there[-5:])}"
+                        f"{' (the last 5)' if len(there) > 5 else ''}.")
     dest = dest if node == 0 else dest / f"node-{node}"
     dest.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in dest.iterdir()}
