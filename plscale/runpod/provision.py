@@ -77,7 +77,8 @@ def check(req: Request, state: dict) -> Path:
     if not req.remote_dir.startswith("/") or any(c.isspace() for c in req.remote_dir):
         raise UserError(f"--remote-dir {req.remote_dir!r}: give an absolute path on the pod without spaces, "
                         f"e.g. /workspace/plscale.")
-    ssh.require("ssh"), ssh.require("ssh-keygen")
+    for tool in ("ssh", "ssh-keygen"):
+        ssh.require(tool)
     key = private_key(req.ssh_key)
     ssh.check_key(key)
     return key
