@@ -1,4 +1,4 @@
-"""`plscale lab list|show|run` and `plscale report`."""
+"""`plscale lab list|show|run`."""
 
 import sys
 from pathlib import Path
@@ -8,12 +8,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from plscale import datafiles
-from plscale.run import labs
 from plscale.cli.output import console
 from plscale.errors import UserError
+from plscale.files import write_json
+from plscale.run import labs
 from plscale.run.launch import Options, Plan, plan
 from plscale.run.report import show
-from plscale.files import write_json
 from plscale.run.resolve import Resolved, Topology, resolve_run
 from plscale.run.rundir import new_run_dir, write_inputs
 from plscale.run.settings import flatten
@@ -151,17 +151,3 @@ def launch(the_plan: Plan, resolved: Resolved) -> Path:
     if code != 0:
         raise typer.Exit(code)
     return run_dir
-
-
-def report(run_dir: Path = typer.Argument(None, help="A run directory (default: the newest under runs/).")) -> None:
-    """Show a finished run's summary: measured figures beside predictions."""
-    from plscale.run.rundir import runs_root
-
-    if run_dir is None:
-        runs = sorted(p for p in runs_root().glob("*") if (p / "settings.json").is_file())
-        if not runs:
-            raise UserError(f"No runs under {runs_root()}/: run a lab first (plscale lab run mnist-dp).")
-        run_dir = runs[-1]
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir} is not a run directory.")
-    show(run_dir, console)

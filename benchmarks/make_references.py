@@ -1,0 +1,127 @@
+"""Measure each lab's reference results for real and write labs/NN_slug/reference.json:
+
+    .venv/bin/python benchmarks/make_references.py                 every lab, its default variant
+    .venv/bin/python benchmarks/make_references.py mnist-dp zero   some labs
+    .venv/bin/python benchmarks/make_references.py mnist-dp:accum  another variant of a lab
+    .venv/bin/python benchmarks/make_references.py --gpu zero      on GPUs: a "gpu" section
+    .venv/bin/python benchmarks/make_references.py --rederive      no run: rebuild every entry from
+                                                                   its recorded run (new tolerance rules)
+
+Each lab runs through the real CLI, one after another (never two at once), with the lab's
+default settings and rank count: `plscale lab run LAB --variant V --cpu` (without --cpu for
+--gpu). Datasets come from --data-dir / PLSCALE_DATA_DIR when set (the run records where its
+data came from, and the reference keeps that). The run directories stay under runs/references/
+(--runs-dir), so a reference can be traced to the run that made it. The tolerance of each
+figure: plscale/run/references.py.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from plscale.errors import UserError
+from plscale.run import labs, references  # host side: no torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+NOTE = ("Measured for real by benchmarks/make_references.py on the project's development machine: "
+        "{device}, the lab's default settings and rank count ({command}). {gpu}Hardware figures (times, "
+        "rates, MFU, RSS) hold for that machine only: on another system they are flagged 'hardware'.")
+NO_GPU = ("No 'gpu' section: no GPU was available to measure one, and none is invented; on a GPU machine, "
+          "`benchmarks/make_references.py --gpu LAB` adds it. ")
+
+
+def losses(run_dir: Path) -> list[float]:
+    out = []
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        if isinstance(row.get("loss"), (int, float)):
+            out.append(row["loss"])
+    return out
+
+
+def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) -> Path | None:
+    """One real run through the CLI; returns the reference.json it updated (None: the run failed)."""
+    argv = ["lab", "run", lab.id, "--variant", variant] + ([] if gpu else ["--cpu"])
+    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs_dir), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+    if data_dir:
+        env["PLSCALE_DATA_DIR"] = data_dir
+    before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
+    print(f"== {lab.id} / {variant}: plscale {' '.join(argv)}", flush=True)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "plscale.cli.main", *argv], cwd=ROOT, env=env, check=False,
+                          capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - start
+    new = sorted(p for p in set(runs_dir.iterdir()) - before if (p / "settings.json").is_file())
+    if done.returncode != 0 or len(new) != 1 or not (new[0] / "summary.json").is_file():
+        print(f"   FAILED (exit {done.returncode}, {wall:.0f} s): no reference written.\n"
+              + done.stdout[-3000:] + done.stderr[-3000:], flush=True)
+        return None
+    run_dir = new[0]
+    command = "plscale " + " ".join(argv)
+    entry = references.entry_from_run(run_dir, command, wall, losses(run_dir))
+    entry["run"] = run_dir.name
+    system = entry["system"]
+    device = (f"{entry['world_size']} x {system['gpu']} over {entry['backend']}" if system.get("gpu") else
+              f"CPU only ({system.get('cpu_cores')} cores), {entry['world_size']} ranks over {entry['backend']}")
+    old = references.load(lab.folder) or {}
+    has_gpu = bool(old.get("gpu")) or references.section_of(system) == "gpu"
+    note = NOTE.format(device=device, command=command, gpu="" if has_gpu else NO_GPU)
+    path = references.write(lab.folder, lab.id, entry, note)
+    print(f"   {wall:.0f} s, {len(entry['figures'])} figures, final loss {entry['final_loss']}, "
+          f"passed {entry['passed']}: {path.relative_to(ROOT)}", flush=True)
+    return path
+
+
+def rederive(lab, runs_dir: Path) -> None:
+    """Rebuild a lab's entries from the run directories they name (same command and wall time)."""
+    old = references.load(lab.folder) or {}
+    for section in ("cpu", "gpu"):
+        for entry in (old.get(section) or {}).values():
+            run_dir = runs_dir / entry.get("run", "?")
+            if not (run_dir / "summary.json").is_file():
+                print(f"   {lab.id} / {entry['variant']}: {run_dir} is gone: kept as it was", flush=True)
+                continue
+            new = references.entry_from_run(run_dir, entry["command"], entry["wall_s"], losses(run_dir))
+            new.update(run=entry["run"], measured=entry["measured"])
+            references.write(lab.folder, lab.id, new, old["note"])
+            print(f"   {lab.id} / {entry['variant']}: rebuilt from {run_dir.name}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("labs", nargs="*", help="LAB or LAB:VARIANT (default: every lab, its default variant)")
+    parser.add_argument("--gpu", action="store_true", help="run on GPUs (no --cpu): writes the 'gpu' section")
+    parser.add_argument("--runs-dir", default=str(ROOT / "runs" / "references"))
+    parser.add_argument("--data-dir", default=os.environ.get("PLSCALE_DATA_DIR"))
+    parser.add_argument("--rederive", action="store_true", help="run nothing: rebuild entries from their runs")
+    args = parser.parse_args()
+    wanted = args.labs or [lab.id for lab in labs.all_labs()]
+    jobs = []
+    for name in wanted:  # every name resolved before anything runs
+        lab_name, _, variant = name.partition(":")
+        try:
+            lab, chosen = labs.find(lab_name)
+            jobs.append((lab, lab.variant(variant).name if variant else chosen.name))
+        except UserError as exc:
+            sys.exit(f"error: {exc}")
+    runs_dir = Path(args.runs_dir)
+    if args.rederive:
+        for lab in {lab.id: lab for lab, _ in jobs}.values():
+            rederive(lab, runs_dir)
+        return
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    failed = [f"{lab.id}:{variant}" for lab, variant in jobs
+              if measure(lab, variant, args.gpu, runs_dir, args.data_dir) is None]
+    if failed:
+        sys.exit(f"no reference for {', '.join(failed)}: see the output above.")
+
+
+if __name__ == "__main__":
+    main()

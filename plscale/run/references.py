@@ -1,0 +1,131 @@
+"""Reference results: labs/NN_slug/reference.json, what a lab's run measured for real.
+
+    {"lab": "zero", "note": "...", "cpu": {"zero2": ENTRY}}        ("gpu": only where measured)
+    ENTRY = {variant, command, measured, wall_s, system, world_size, backend, settings, data,
+             real_data, passed, final_loss, figures: [{name, value, unit, tolerance, hardware}]}
+
+A figure is within its reference when |value - reference| <= max(relative x |reference|,
+absolute). Tolerances (written into each figure, so a file can be edited by hand):
+- RELATIVE (5%) for what the maths fixes: bytes of memory, parity gaps, counts, accuracy;
+- HARDWARE_RELATIVE (30%) for what the machine sets: times, rates, bandwidths, MFU, the
+  measured bubble, RSS, the checkpoint interval Young's formula takes from a measured stall.
+  On one shared 2-core machine these move by tens of percent run to run; on another
+  system they are compared but flagged "hardware", never "wrong";
+- NOISE (absolute 1e-4) where the prediction is 0 and the measured gap is float rounding
+  (1e-8 here, 1e-6 elsewhere: the same result), so rounding is not read as a difference.
+Written by benchmarks/make_references.py from a real run directory.
+"""
+
+import re
+import time
+from pathlib import Path
+
+from plscale.files import read_json, write_json
+
+REFERENCE_FILE = "reference.json"
+RELATIVE = 0.05
+HARDWARE_RELATIVE = 0.30
+NOISE = 1e-4
+TIME_UNITS = {"s", "ms", "us", "µs", "ns", "min", "h"}
+HARDWARE_WORDS = re.compile(r"\b(time|throughput|bandwidth|busbw|algbw|mfu|bubble|latency|speed|speedup|stall|rss|young|"
+                            r"tokens/s|samples/s|backward / forward)\b", re.IGNORECASE)
+TOLERANCE_RULE = (f"within when |value - reference| <= max(relative x |reference|, absolute): relative {RELATIVE:g} "
+                  f"for what the maths fixes, {HARDWARE_RELATIVE:g} for hardware figures (times, rates, MFU, RSS; "
+                  f"flagged 'hardware', not 'outside', on another system), absolute {NOISE:g} where the "
+                  f"prediction is 0 and the gap is float rounding")
+SYSTEM_KEYS = ("host", "cpu_cores", "gpu", "gpu_memory_gib", "torch", "deepspeed")
+
+
+def depends_on_hardware(figure: dict) -> bool:
+    """Times, rates (a unit per second), MFU, RSS: what the machine sets, not the maths."""
+    unit = str(figure.get("unit") or "")
+    rss = re.search(r"\bRSS\b", str(figure.get("note") or ""))
+    return unit in TIME_UNITS or unit.endswith("/s") or bool(HARDWARE_WORDS.search(figure.get("name", ""))) or bool(rss)
+
+
+def tolerance(figure: dict) -> dict:
+    """The tolerance a freshly measured figure gets (rules in the module docstring)."""
+    if depends_on_hardware(figure):
+        return {"relative": HARDWARE_RELATIVE}
+    value = figure.get("value")
+    if figure.get("predicted") == 0 and isinstance(value, (int, float)) and abs(value) < NOISE:
+        return {"relative": RELATIVE, "absolute": NOISE}
+    return {"relative": RELATIVE}
+
+
+def within(value, reference: dict) -> bool:
+    """Is a measured value within a reference figure's tolerance? Non-numbers: equal or not."""
+    ref = reference.get("value")
+    if not _number(value) or not _number(ref):
+        return value == ref
+    tol = reference.get("tolerance") or {}
+    allowed = max(tol.get("relative", RELATIVE) * abs(ref), tol.get("absolute", 0.0))
+    return abs(value - ref) <= allowed
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def final_loss(summary: dict, losses: list[float]) -> float | None:
+    """The run's 'final loss' figure, else the last loss it logged, else None."""
+    for fig in summary.get("figures", []):
+        if fig["name"].lower().endswith("final loss") and _number(fig.get("value")):
+            return fig["value"]
+    return losses[-1] if losses else None
+
+
+def entry_from_run(run_dir: Path, command: str, wall_s: float, losses: list[float]) -> dict:
+    """A reference entry from a finished run directory (its own files, nothing else)."""
+    run_dir = Path(run_dir)
+    settings, summary = read_json(run_dir / "settings.json"), read_json(run_dir / "summary.json")
+    system = read_json(run_dir / "system.json") if (run_dir / "system.json").is_file() else {}
+    figures = [{"name": f["name"], "value": f.get("value"), "unit": f.get("unit", ""),
+                "predicted": f.get("predicted"), "tolerance": tolerance(f), "hardware": depends_on_hardware(f)}
+               for f in summary.get("figures", [])]
+    return {
+        "variant": summary.get("variant", settings.get("variant")), "command": command,
+        "measured": time.strftime("%Y-%m-%d", time.localtime((run_dir / "summary.json").stat().st_mtime)),
+        "wall_s": round(wall_s, 1), "system": system,
+        "world_size": summary.get("world_size", system.get("world_size")),
+        "backend": summary.get("backend", system.get("backend")), "settings": settings.get("settings", {}),
+        "data": summary.get("data"), "real_data": summary.get("real_data"), "passed": summary.get("passed"),
+        "final_loss": final_loss(summary, losses), "figures": figures,
+    }
+
+
+def section_of(system: dict) -> str:
+    """'gpu' for a run on GPUs (system.json names one), else 'cpu'."""
+    return "gpu" if system.get("gpu") else "cpu"
+
+
+def write(lab_folder: Path, lab_id: str, entry: dict, note: str) -> Path:
+    """Add (or replace) one variant's entry in the lab's reference.json; the rest is kept."""
+    path = Path(lab_folder) / REFERENCE_FILE
+    data = read_json(path) if path.is_file() else {}
+    data.update({"lab": lab_id, "note": note, "tolerance_rule": TOLERANCE_RULE})
+    section = section_of(entry["system"])
+    data.setdefault(section, {})[entry["variant"]] = entry
+    data = {k: data[k] for k in ("lab", "note", "tolerance_rule", "cpu", "gpu") if k in data}
+    write_json(path, data)
+    return path
+
+
+def load(lab_folder: Path) -> dict | None:
+    path = Path(lab_folder) / REFERENCE_FILE
+    return read_json(path) if path.is_file() else None
+
+
+def entry_for(reference: dict | None, variant: str, system: dict) -> tuple[dict | None, str]:
+    """The entry a run is judged against, and a note: the run's own section (cpu/gpu) when
+    measured, else the other one (a GPU run against the CPU reference, saying so)."""
+    if not reference:
+        return None, "no reference.json for this lab"
+    wanted = section_of(system)
+    for section in (wanted, "cpu" if wanted == "gpu" else "gpu"):
+        entry = (reference.get(section) or {}).get(variant)
+        if entry:
+            note = "" if section == wanted else f"no {wanted.upper()} reference: compared with the {section.upper()} one"
+            return entry, note
+    known = sorted({v for s in ("cpu", "gpu") for v in reference.get(s) or {}})
+    return None, f"no reference for variant {variant!r} (reference.json has: {', '.join(known) or 'none'})"

@@ -1,0 +1,213 @@
+"""`plscale report` against reference results, and `plscale report --compare`: two real lab 01
+runs on 2 CPU ranks that differ in one setting, copies of a run moved outside its reference,
+bad input, and every lab's reference.json."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli
+from plscale.run import compare, labs, references
+
+pytestmark = pytest.mark.e2e
+RUN_ARGS = ["lab", "run", "mnist-dp", "--cpu", "--gpus", "2", "--launcher", "torchrun", "--steps", "3"]
+
+
+class Runs:
+    """Both runs start together when the module does (the bad-input tests need no run: they go
+    on meanwhile); `wait()` gives their directories."""
+
+    def __init__(self, root):
+        self.root, self.dirs = root, None
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PLSCALE_DATA_DIR": "", "COLUMNS": "200"}
+        self.procs = [subprocess.Popen([sys.executable, "-m", "plscale.cli.main", *RUN_ARGS, *extra], cwd=ROOT,
+                                       env={**env, "PLSCALE_RUNS_DIR": str(root / name)}, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+                      for name, extra in (("a", []), ("b", ["--set", "ds.lr=0.002"]))]
+
+    def wait(self):
+        if self.dirs is None:
+            outputs = [p.communicate(timeout=300)[0] for p in self.procs]
+            for proc, out in zip(self.procs, outputs):
+                assert proc.returncode == 0, out[-3000:]
+            self.dirs = [next((self.root / name).iterdir()) for name in ("a", "b")]
+        return self.dirs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runs(tmp_path_factory):
+    started = Runs(tmp_path_factory.mktemp("compare_runs"))
+    yield started
+    for proc in started.procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def fake_run(folder, lab="mnist-pseudo-dp", variant="default", summary=True, figures=()):
+    """A run directory written by hand: only the files the report reads."""
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps({"lab": lab, "variant": variant, "settings": {"seed": 0}}))
+    if summary:
+        (folder / "summary.json").write_text(json.dumps({"lab": lab, "variant": variant, "figures": list(figures),
+                                                         "checks": [], "passed": True}))
+    return folder
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path):
+    a, b = fake_run(tmp_path / "runs" / "a"), fake_run(tmp_path / "runs" / "b", lab="zero", variant="zero2")
+    unfinished = fake_run(tmp_path / "runs" / "c", summary=False)
+    node_copy = fake_run(tmp_path / "fetched" / "node-1" / "c", summary=False)
+    (tmp_path / "empty").mkdir()
+    cases = [
+        (["report", tmp_path / "nope"], "is not a run directory: it does not exist"),
+        (["report", tmp_path / "empty"], "has no settings.json"),
+        (["report", tmp_path / "runs"], "It holds 3 runs"),
+        (["report", unfinished], "has no summary.json: the run did not finish"),
+        (["report", "--compare", a, unfinished], "has no summary.json"),
+        (["report", "--compare", a, node_copy], "node 1's copy of a run"),
+        (["report", "--compare", a, b], "different labs (mnist-pseudo-dp, zero)"),
+        (["report", "--compare", a], "--compare needs 2 or more runs, got 1"),
+        (["report", a, a], "2 runs given: add --compare"),
+        (["report", "--compare", a, a, "--plot", tmp_path / "x.jpg"], "does not end in .png"),
+    ]
+    for args, message in cases:
+        done = run_cli(*args, cwd=tmp_path)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert not (tmp_path / "compare.png").exists()  # nothing written on bad input
+    forced = run_cli("report", "--compare", a, b, "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and "lab" in forced.stdout and "zero2" in forced.stdout, forced.stderr
+
+
+def test_compare_two_real_runs(runs, tmp_path):
+    a, b = runs.wait()
+    picture = tmp_path / "both.png"
+    done = run_cli("report", "--compare", a, b, "--plot", picture)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split("│")[1].strip(): line for line in done.stdout.splitlines() if line.count("│") >= 3}
+    assert "0.001" in rows["ds.lr"] and "0.002" in rows["ds.lr"]
+    assert "train.steps" not in rows and "world_size" not in rows  # the same in both: not listed
+    assert "replicas identical" in rows and rows["replicas identical"].count("passed") == 2
+    final = rows["final loss"].split("│")
+    assert final[3].strip() != final[4].strip()  # the learning rate moved the loss
+    assert float(final[5]) == pytest.approx(reference("mnist-pseudo-dp")["cpu"]["default"]["final_loss"], rel=1e-3)
+    assert f"loss curves: {picture}" in done.stdout
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    # 3 steps of offline data against the 400 of MNIST: outside, and the data named as the cause
+    assert "outside" in done.stdout and "likely cause: different data source" in done.stdout
+    one = run_cli("report", a)
+    assert one.returncode == 0 and "reference" in one.stdout and "vs ref" in one.stdout, one.stderr
+
+
+def twin_of_reference(run, folder):
+    """A copy of a real run made to look like the lab's reference run: same settings, data,
+    system and figures. Each test then moves one thing."""
+    entry = reference("mnist-pseudo-dp")["cpu"]["default"]
+    shutil.copytree(run, folder)
+    settings = json.loads((folder / "settings.json").read_text())
+    (folder / "settings.json").write_text(json.dumps({**settings, "settings": entry["settings"]}))
+    (folder / "system.json").write_text(json.dumps(entry["system"]))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.update(data=entry["data"], real_data=entry["real_data"], world_size=entry["world_size"],
+                   backend=entry["backend"], figures=[{k: f[k] for k in ("name", "value", "unit", "predicted")}
+                                                      for f in entry["figures"]])
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder, entry
+
+
+def edit(folder, name, change):
+    data = json.loads((folder / name).read_text())
+    change(data)
+    (folder / name).write_text(json.dumps(data))
+
+
+def scale_figure(summary, name, factor):
+    fig = next(f for f in summary["figures"] if f["name"] == name)
+    fig["value"] *= factor
+
+
+def test_reference_flags_and_causes(runs, tmp_path):
+    a, _ = runs.wait()
+    twin, entry = twin_of_reference(a, tmp_path / "twin")
+    judged = compare.judge(compare.load_run(twin))
+    assert judged.flags and {flag for flag, _ in judged.flags.values()} == {"ok"} and not judged.cause
+
+    edit(twin, "summary.json", lambda s: scale_figure(s, "test accuracy (DeepSpeed)", 1.02))  # 2% off: within 5%
+    assert compare.judge(compare.load_run(twin)).flags["test accuracy (DeepSpeed)"][0] == "ok"
+    edit(twin, "summary.json", lambda s: scale_figure(s, "test accuracy (DeepSpeed)", 0.5))
+    judged = compare.judge(compare.load_run(twin))
+    assert judged.outside == ["test accuracy (DeepSpeed)"] and judged.cause.startswith("unexplained: look at")
+    shown = run_cli("report", twin)
+    assert shown.returncode == 0 and "outside: test accuracy (DeepSpeed); likely cause: unexplained" in shown.stdout
+
+    edit(twin, "settings.json", lambda s: s["settings"]["train"].update(steps=40))
+    assert "train.steps 40 (reference 400)" in compare.judge(compare.load_run(twin)).cause
+    edit(twin, "summary.json", lambda s: s.update(data="OFFLINE FALLBACK: synthetic digits", real_data=False))
+    assert compare.judge(compare.load_run(twin)).cause.startswith("different data source")
+
+    hardware = next(f["name"] for f in entry["figures"] if f["hardware"])
+    other = tmp_path / "other_machine"
+    twin_of_reference(a, other)
+    edit(other, "summary.json", lambda s: scale_figure(s, hardware, 3.0))
+    assert compare.judge(compare.load_run(other)).flags[hardware][0] == "outside"  # same machine: outside
+    edit(other, "system.json", lambda s: s.update(host="laptop", cpu_cores=8))
+    judged = compare.judge(compare.load_run(other))
+    assert judged.flags[hardware][0] == "hardware" and not judged.outside and "cpu_cores 8 (reference 2)" in judged.system
+
+
+def reference(lab_id):
+    lab, _ = labs.find(lab_id)
+    return references.load(lab.folder)
+
+
+def normal(name):
+    return re.sub(r"\d+", "N", name)  # "loss, 400 steps" and "loss, 3 steps" are one figure
+
+
+@pytest.mark.parametrize("lab", labs.all_labs(), ids=lambda lab: lab.id)
+def test_every_lab_has_a_reference(lab):
+    data = references.load(lab.folder)
+    assert data is not None, f"{lab.folder}/reference.json is missing: benchmarks/make_references.py {lab.id}"
+    assert data["lab"] == lab.id and "note" in data and set(data) <= {"lab", "note", "tolerance_rule", "cpu", "gpu"}
+    default = lab.variant(None).name
+    assert default in data["cpu"], f"no CPU reference for {lab.id}'s default variant {default}"
+    assert all(entry["system"].get("gpu") for entry in (data.get("gpu") or {}).values())  # measured, not invented
+    for entry in data["cpu"].values():
+        assert not entry["system"].get("gpu") and entry["passed"] is True
+        names = [f["name"] for f in entry["figures"]]
+        assert names and len(set(names)) == len(names)
+        for fig in entry["figures"]:
+            assert {"value", "unit", "tolerance", "hardware"} <= set(fig) and fig["tolerance"]["relative"] > 0
+        own = ROOT / "runs" / "references" / entry["run"] / "summary.json"
+        if own.is_file():  # the reference's own run, where this checkout made it
+            assert names == [f["name"] for f in json.loads(own.read_text())["figures"]]
+
+
+def test_the_reference_names_the_figures_a_run_produces(runs):
+    a, _ = runs.wait()
+    produced = {normal(f["name"]) for f in json.loads((a / "summary.json").read_text())["figures"]}
+    listed = {normal(f["name"]) for f in reference("mnist-pseudo-dp")["cpu"]["default"]["figures"]}
+    assert produced == listed
+
+
+def test_report_imports_neither_torch_nor_matplotlib():
+    code = ("import sys; from plscale.cli import report; from plscale.run import compare; "
+            "print(','.join(m for m in ('torch', 'matplotlib', 'deepspeed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+
+
+def test_curves_group_series_and_skip_cut_lines(tmp_path):
+    run = fake_run(tmp_path / "r")
+    rows = [{"time": time.time(), "strategy": s, "step": i, "loss": 2.0 - i} for s in ("none", "full") for i in range(3)]
+    lines = [json.dumps(r) for r in rows] + ['{"step": 3, "loss": 0.5, "strat']  # the last cut by a kill
+    (run / "metrics.jsonl").write_text("\n".join(lines))
+    got = compare.curves(compare.load_run(run))
+    assert got == {"none": ([0, 1, 2], [2.0, 1.0, 0.0]), "full": ([0, 1, 2], [2.0, 1.0, 0.0])}
