@@ -1,0 +1,1 @@
+"""Exercise zero1: skeleton.py (the task), solution.py (the reference), checks.py (run by worker.py)."""

@@ -1,0 +1,1 @@
+"""Exercise zero_memory: skeleton.py (the task), solution.py (the reference), checks.py (run by worker.py)."""

@@ -1,0 +1,176 @@
+"""`plscale exercise`: every reference solution passes every check, every untouched skeleton
+fails them all as "not implemented", a plausible wrong solution of each exercise fails the
+property it breaks (with a hint), a deadlock stops in one line, and the CLI end to end.
+
+Starting ranks costs about 2 s each (importing torch), so all files are checked in ONE start
+of 4 ranks (the `batch` fixture); the CLI test uses the one-rank exercise.
+"""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from plscale.exercises import EXERCISES, find
+from plscale.exercises.runner import run_checks
+
+# A plausible mistake per exercise: (a line of its solution.py, the line the student wrote instead),
+# the checks it must fail, and checks it must still pass.
+WRONG = {
+    "ring-allreduce": (
+        "    for step in range(n - 1):  # all-gather",
+        "    for step in range(n - 2):  # all-gather",                   # one step short
+        {"sums in place: the tensor passed in holds torch's all_reduce result", "messages: 2(N-1) calls to exchange per rank",
+         "bytes: each rank sends 2(N-1)/N of the tensor"},
+        {"ring neighbours: every exchange sends to rank (r+1) % N and receives from (r-1) % N",
+         "point-to-point only: no collective of torch.distributed"}),
+    "tp-column": (
+        "        return _summed(grad)",
+        "        return grad",                                            # f forgets its backward all-reduce
+        {"f backward: the gradient summed over the ranks",
+         "column layer backward: input, weight and bias gradients equal the whole layer's",
+         "communication: the layer's forward sends nothing, its backward one all-reduce"},
+        {"f forward: identity (same values, same shape)", "g forward: the sum over the ranks, the input left unchanged",
+         "g backward: identity", "column layer forward: this rank's slice of the whole layer's output"}),
+    "pipeline-schedule": (
+        "    warmup = min(p - s - 1, m)",
+        "    warmup = min(p - s, m)",                                     # one warm-up forward too many
+        {"1f1b: stage s holds at most p - s micro-batches' activations at once",
+         "1f1b: warm-up forwards, then one forward one backward, then the backwards left"},
+        {"gpipe: all forwards first, then all backwards, micro-batches in order",
+         "1f1b runs for real over p2p on p ranks: gradients equal the whole model's (m = 4)"}),
+    "zero1": (
+        "        dist.all_gather(slices, param)\n        unflatten_into(torch.cat(slices), self.params)",
+        ("        full = torch.cat([flatten(self.params), torch.zeros(self.k * self.world - self.numel)])\n"
+         "        full[self.start:self.end] = param\n        unflatten_into(full, self.params)"),  # no all-gather
+        {"one step: parameters equal torch.optim.Adam's on the whole model",
+         "replicas: every rank holds the same parameters after a step",
+         "communication: one all-gather per step, no other collective"},
+        {"optimizer states sharded: exp_avg and exp_avg_sq are 1-D fp32 tensors of k elements"}),
+    "zero-memory": (
+        '            "gradients": p * psi / (dp if stage >= 2 else 1),',
+        '            "gradients": p * psi / (dp if stage >= 1 else 1),',   # stage 1 shards the gradients too
+        {"stage 1: the optimizer states partitioned over the data-parallel ranks"},
+        {"stage 0: every rank holds all three for all of its parameters", "stage 2: the gradients partitioned too"}),
+}
+# a ring whose ranks all receive before they send: every rank waits forever
+DEADLOCK = ("        exchange(chunks[out], right, arrived, left)",
+            "        dist.recv(arrived, left)\n        dist.send(chunks[out], right)")
+
+
+def _mutate(name: str, old: str, new: str, folder: Path, label: str = "wrong") -> Path:
+    text = find(name).solution.read_text()
+    assert text.count(old) == 1, f"{name}: the solution changed, update WRONG: {old!r}"
+    path = folder / f"{label}-{name}.py"
+    path.write_text(text.replace(old, new))
+    return path
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("exercises")
+    jobs = [("solution", e, e.solution) for e in EXERCISES.values()]
+    jobs += [("skeleton", e, e.skeleton) for e in EXERCISES.values()]
+    jobs += [("wrong", find(n), _mutate(n, old, new, folder)) for n, (old, new, _, _) in WRONG.items()]
+    jobs += [("deadlock", find("ring-allreduce"), _mutate("ring-allreduce", *DEADLOCK, folder, "deadlock"))]
+    results = run_checks([(e, f) for _, e, f in jobs], timeout=150, op_timeout=8)
+    return {(kind, e.name): r for (kind, e, _), r in zip(jobs, results)}
+
+
+def test_five_exercises_each_with_skeleton_solution_and_checks():
+    assert {"ring-allreduce", "tp-column", "pipeline-schedule", "zero1", "zero-memory"} <= set(EXERCISES)
+    for e in EXERCISES.values():
+        assert "NotImplementedError" in e.skeleton.read_text() and "TODO" in e.skeleton.read_text()
+        assert "NotImplementedError" not in e.solution.read_text()
+        assert (e.folder / "checks.py").is_file()
+        assert max(e.worlds) <= 4 and (e.worlds == (1,) or min(e.worlds) >= 2)
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_reference_solution_passes_every_check(batch, name):
+    result = batch[("solution", name)]
+    assert result.passed, [(c.name, c.detail) for c in result.checks if not c.passed] or result.problem
+    assert len(result.checks) >= 6
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_untouched_skeleton_fails_every_check_as_not_implemented(batch, name):
+    result, solved = batch[("skeleton", name)], batch[("solution", name)]
+    assert [c.name for c in result.checks] == [c.name for c in solved.checks]
+    assert not any(c.passed for c in result.checks)
+    assert all(c.status == "todo" and c.detail.startswith("not implemented yet: ") for c in result.checks)
+    assert result.not_implemented  # the functions named, e.g. ring_all_reduce
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_a_wrong_solution_fails_the_property_it_breaks_with_a_hint(batch, name):
+    result = batch[("wrong", name)]
+    _, _, must_fail, must_pass = WRONG[name]
+    failed = {c.name: c for c in result.checks if not c.passed}
+    assert must_fail <= set(failed), set(failed)
+    assert must_pass.isdisjoint(failed), set(failed) & must_pass
+    for check in (failed[n] for n in must_fail):
+        assert check.status == "fail" and check.detail and check.hint, check
+    code = [line.strip() for line in find(name).solution.read_text().splitlines()
+            if len(line.strip()) > 12 and not line.strip().startswith(("#", '"', "def ", "class ", "import ", "from "))]
+    leaked = [(c.name, line) for c in failed.values() for line in code if line in c.hint + c.detail]
+    assert not leaked  # hints and details are prose: no line of the reference solution
+
+
+def test_wrong_ring_reports_where_it_failed(batch):
+    counted = {c.name: c for c in batch[("wrong", "ring-allreduce")].checks}["messages: 2(N-1) calls to exchange per rank"]
+    assert counted.detail == "2 ranks, rank 0: 1 call to exchange on a ring of 2 ranks"
+
+
+def test_a_deadlocked_ring_fails_in_one_line_and_skips_the_rest(batch):
+    result = batch[("deadlock", "ring-allreduce")]
+    assert not result.passed and not result.problem  # stopped inside the check, not by the run's time limit
+    first, *rest = result.checks
+    assert first.status == "hung" and "deadlock" in first.detail
+    assert rest and all(c.status == "skipped" for c in rest)
+
+
+def test_host_side_imports_no_torch():
+    code = "import sys, plscale.cli.exercise, plscale.exercises.runner; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False).stdout.strip() == "False"
+
+
+def test_cli_start_check_fails_then_passes(tmp_path):
+    started = run_cli("exercise", "start", "zero-memory", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    mine = tmp_path / "exercises" / "zero-memory.py"
+    assert mine.read_text() == find("zero-memory").skeleton.read_text()
+
+    failing = run_cli("exercise", "check", "zero-memory", cwd=tmp_path, timeout=120)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "not implemented yet: zero_memory" in failing.stdout and "0 of 6 checks pass" in failing.stdout
+
+    shutil.copyfile(find("zero-memory").solution, mine)
+    passing = run_cli("exercise", "check", "zero-memory", cwd=tmp_path, timeout=120)
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert "All 6 checks pass" in passing.stdout and "FAIL" not in passing.stdout
+
+    listed = run_cli("exercise", "list", cwd=tmp_path)
+    row = next(line for line in listed.stdout.splitlines() if "zero-memory" in line)
+    assert "passing" in row and "not started" in next(line for line in listed.stdout.splitlines() if "zero1" in line)
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    unknown = run_cli("exercise", "check", "ring-alreduce", cwd=tmp_path)
+    assert unknown.returncode == 2 and "Did you mean: ring-allreduce" in unknown.stderr
+    assert "Traceback" not in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
+
+    not_started = run_cli("exercise", "check", "zero1", cwd=tmp_path)
+    assert not_started.returncode == 2 and "plscale exercise start zero1" in not_started.stderr
+
+    assert run_cli("exercise", "start", "zero1", cwd=tmp_path).returncode == 0
+    (tmp_path / "exercises" / "zero1.py").write_text("# my work\n")
+    again = run_cli("exercise", "start", "zero1", cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr
+    assert (tmp_path / "exercises" / "zero1.py").read_text() == "# my work\n"  # nothing overwritten
+
+    folder = run_cli("exercise", "check", "zero1", "--file", str(tmp_path), cwd=tmp_path)
+    assert folder.returncode == 2 and "is a folder" in folder.stderr
