@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from plscale import __version__
-from plscale.cli import bench, ckpt, config, doctor, estimate, lab, mesh, runpod, viz
+from plscale.cli import bench, ckpt, config, doctor, estimate, exercise, lab, mesh, plan, report, runpod, viz
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -17,11 +17,13 @@ app.add_typer(config.app, name="config")
 app.add_typer(estimate.app, name="estimate")
 app.add_typer(bench.app, name="bench")
 app.add_typer(viz.app, name="viz")
+app.add_typer(exercise.app, name="exercise")
 app.add_typer(ckpt.app, name="ckpt")
 app.add_typer(runpod.app, name="runpod")
 app.command("doctor")(doctor.doctor)
-app.command("report")(lab.report)
+app.command("report")(report.report)
 app.command("mesh")(mesh.mesh)
+app.command("plan")(plan.plan)
 
 
 def _version(value: bool) -> None:

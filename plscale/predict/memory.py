@@ -78,7 +78,8 @@ from plscale.predict.activations import (
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
 from plscale.predict.tensor_parallel import check_divisible, params_per_rank
 
-__all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "setup_from_ds_config",
+__all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "rank_params",
+           "setup_from_ds_config",
            # what the labs ask the activation model, beside a Setup (labs 05, 07, 08, 09): they import it from here
            "activation_bytes", "head_activation_bytes", "rebuilt_bytes"]
 
@@ -203,12 +204,17 @@ class Estimate:
                            "model_states": self.model_states}}
 
 
+def rank_params(s: Setup) -> float:
+    """Ψ, the parameters one model-parallel rank holds: Ψ_total / (tp * pp), or with a shape
+    under tp, tensor_parallel.params_per_rank / pp (exact for pp 1: the norms are replicated)."""
+    if s.model is not None and s.tp > 1:
+        return params_per_rank(s.model, s.tp).total / s.pp
+    return s.params / (s.tp * s.pp)
+
+
 def estimate(s: Setup) -> Estimate:
     s.validate()
-    if s.model is not None and s.tp > 1:  # exact for pp 1: the norm weights are replicated
-        psi = params_per_rank(s.model, s.tp).total / s.pp
-    else:
-        psi = s.params / (s.tp * s.pp)
+    psi = rank_params(s)
     terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
     if s.model is not None:
         terms.append(Term("activations", activation_bytes(s) + rebuilt_bytes(s), 0.0, activation_formula(s)))

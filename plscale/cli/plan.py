@@ -1,0 +1,160 @@
+"""`plscale plan`: the best training configuration for a model on a cluster (plscale/predict/plan.py)."""
+
+import json
+from dataclasses import replace
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from plscale.cli.output import console
+from plscale.errors import UserError
+from plscale.predict import plan as planner
+from plscale.predict.cluster import GPUS
+from plscale.predict.cluster import gpu as make_gpu
+from plscale.predict.memory import gib
+from plscale.predict.presets import PRESETS, ModelConfig, param_count
+from plscale.predict.published import SHAPES, model_shape
+
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+ASSUMPTIONS = [
+    ("compute: training FLOPs (6 a weight a token, attention, recomputation's rerun) at the stated efficiency "
+     "of the dense peak; the slowest pipeline stage sets the pace"),
+    ("memory: plscale.predict.memory (ZeRO model states, activations; 1F1B's first stage holds pp micro-batches, "
+     "interleaving more); fits under (1 - headroom) of the GPU"),
+    "tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped; sp on with tp > 1",
+    ("dp: gradient reduce-scatter/all-reduce (ZeRO-3 adds parameter all-gathers) hidden behind the backward "
+     "of its micro-batch; parameter all-gathers after the step exposed"),
+    "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
+    "cp: ring attention's k, v hops (context_parallel.ring_bytes) hidden behind the attention core",
+    ("links: a group spanning nodes runs at the network's bandwidth; ring collectives pay busbw's factor and "
+     "a latency a step (1 us NVLink, 5 us network)"),
+    "not modelled: kernel efficiency against matmul size, expert parallelism, offload, fp8, zero-bubble schedules",
+]
+
+
+def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
+    given = {k: v for k, v in shape.items() if v is not None}
+    if name is None and not given:
+        raise UserError(f"Name a model with --model ({', '.join([*PRESETS, *SHAPES])}) or give its shape with "
+                        f"--layers, --hidden, --heads, --kv-heads, --ffn and --vocab.")
+    if name is not None and name[:1].isdigit() and name.lower() not in PRESETS:
+        raise UserError(f"--model {name}: plan needs a shape, not only a parameter count: give a preset or "
+                        f"published shape ({', '.join([*PRESETS, *SHAPES])}), or --layers, --hidden, --heads, "
+                        f"--kv-heads, --ffn and --vocab.")
+    for key, value in given.items():
+        if value < 1:
+            raise UserError(f"--{key.replace('_', '-')} {value}: must be at least 1.")
+    if name is None:
+        missing = [f"--{k.replace('_', '-')}" for k in SHAPE_FLAGS if k not in given]
+        if missing:
+            raise UserError(f"A model shape needs all of --layers, --hidden, --heads, --kv-heads, --ffn and --vocab "
+                            f"(missing {', '.join(missing)}), or --model PRESET.")
+        if given["hidden"] % given["heads"] or given["heads"] % given["kv_heads"]:
+            raise UserError(f"--hidden {given['hidden']} must split into --heads {given['heads']}, and the heads "
+                            f"into --kv-heads {given['kv_heads']} groups.")
+        return "custom", ModelConfig(max_seq=131072, tie_embeddings=False, **given)
+    config = model_shape(name)
+    return (name, replace(config, **given)) if given else (name, config)
+
+
+def plan(
+    model: str = typer.Option(None, "--model", "-m", help=f"A preset or published shape: {', '.join([*PRESETS, *SHAPES])}."),
+    gpus: int = typer.Option(8, help="GPUs in all."),
+    gpu: str = typer.Option(None, help=f"The GPU: {', '.join(GPUS)} (default H100 unless described by the options below)."),
+    memory: float = typer.Option(None, help="GiB per GPU (replaces the GPU's)."),
+    peak_tflops: float = typer.Option(None, help="Dense peak TFLOP/s per GPU in the training precision."),
+    intra_gbs: float = typer.Option(None, help="NVLink (inside a node) GB/s per GPU, one direction."),
+    inter_gbs: float = typer.Option(None, help="Network (across nodes) GB/s per GPU, one direction."),
+    gpus_per_node: int = typer.Option(None, help="GPUs a node (default 8)."),
+    seq: int = typer.Option(None, help="Sequence length (default: the model's longest, at most 4096)."),
+    global_batch: int = typer.Option(None, help="Sequences per optimizer step (default: about 4M tokens)."),
+    efficiency: float = typer.Option(0.5, help="Fraction of the peak FLOP/s the matmuls reach."),
+    precision: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    headroom: float = typer.Option(planner.HEADROOM, help="Fraction of GPU memory kept free (fragmentation, buffers)."),
+    top: int = typer.Option(5, help="Candidates to print."),
+    every: bool = typer.Option(False, "--all", help="Every configuration, not only the best of each dp x tp x pp x cp."),
+    tp: int = typer.Option(None, help="Fix the tensor-parallel degree."),
+    pp: int = typer.Option(None, help="Fix the pipeline-parallel degree."),
+    cp: int = typer.Option(None, help="Fix the context-parallel degree."),
+    dp: int = typer.Option(None, help="Fix the data-parallel degree."),
+    zero: int = typer.Option(None, help="Fix the ZeRO stage (0-3)."),
+    recompute: str = typer.Option(None, help="Fix recomputation: none, selective or full."),
+    layers: int = typer.Option(None, help="Shape: layers (with the other shape options, or to change a preset)."),
+    hidden: int = typer.Option(None, help="Shape: hidden width."),
+    heads: int = typer.Option(None, help="Shape: attention heads."),
+    kv_heads: int = typer.Option(None, help="Shape: key/value heads."),
+    ffn: int = typer.Option(None, help="Shape: SwiGLU inner width."),
+    vocab: int = typer.Option(None, help="Shape: vocabulary."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """The best training configuration for a model on a cluster.
+
+    Enumerates dp x tp x pp x cp = gpus, ZeRO 0-3, recomputation and the
+    micro-batch; drops what does not fit by the memory model; ranks the rest
+    by predicted step time: compute at --efficiency, the pipeline bubble and
+    each dimension's communication over the link it crosses. Assumptions and
+    formulas: plscale/predict/plan.py.
+    """
+    name, config = _model(model, {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
+                                   "ffn": ffn, "vocab": vocab})
+    described = any(v is not None for v in (memory, peak_tflops, intra_gbs, inter_gbs))
+    cluster = make_gpu(gpu if gpu or described else "H100", memory, peak_tflops, intra_gbs, inter_gbs, gpus_per_node)
+    if recompute is not None and recompute not in planner.RECOMPUTE:
+        raise UserError(f"--recompute {recompute!r}: use {', '.join(planner.RECOMPUTE)}.")
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise UserError(f"--zero {zero}: use a ZeRO stage 0, 1, 2 or 3.")
+    if top < 1:
+        raise UserError(f"--top {top}: print at least 1.")
+    seq = seq or min(config.max_seq, 4096)
+    global_batch = global_batch or max(1, 2**22 // seq)
+    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero,
+                                                 "recompute": recompute}.items()
+                  if v is not None)
+    job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed)
+    result = planner.plan(job, cluster)
+    usable = result.usable
+    if not result.ranked:
+        if result.least is None:
+            raise UserError(f"No layout of {gpus} GPUs fits this job: dp x tp x pp x cp must equal --gpus with tp "
+                            f"dividing the heads, pp the layers, cp --seq {seq} and dp --global-batch {global_batch}"
+                            f"{' and the fixed degrees' if fixed else ''}: try a global batch that is a multiple of "
+                            f"{gpus}.")
+        c = result.least
+        raise UserError(f"No configuration fits: the smallest needs at least {gib(c.memory):.1f} GiB per GPU (dp {c.dp} "
+                        f"tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, micro-batch "
+                        f"{c.micro_batch}); the GPU has {gib(cluster.memory):.1f} GiB, {gib(usable):.1f} usable with "
+                        f"{headroom:.0%} headroom: more GPUs, a larger GPU, a shorter --seq or a smaller model.")
+    shown = (result.ranked if every else result.best_per_layout())[:top]
+    if as_json:
+        typer.echo(json.dumps({
+            "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
+            "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
+                    "efficiency": efficiency, "headroom": headroom, "fixed": dict(fixed)},
+            "considered": result.considered, "fitting": len(result.ranked),
+            "candidates": [c.to_dict() for c in shown], "assumptions": ASSUMPTIONS}, indent=2))
+        return
+    nodes = -(-gpus // cluster.gpus_per_node)
+    table = Table(title=f"plan: {escape(name)} ({param_count(config) / 1e9:.2f}B) on {gpus} x {escape(cluster.name)} "
+                        f"({nodes} node{'s' if nodes > 1 else ''}), seq {seq}, global batch {global_batch} "
+                        f"({global_batch * seq / 1e6:.2f}M tokens), {precision}, efficiency {efficiency:g}",
+                  title_justify="left")
+    for column in ("#", "dp", "tp", "pp", "cp", "v", "zero", "recompute", "micro x m", "GiB/GPU", "step (s)",
+                   "tokens/s", "MFU", "why it beats the next"):
+        table.add_column(column, justify="left" if column in ("recompute", "why it beats the next") else "right")
+    for i, c in enumerate(shown):
+        why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
+        table.add_row(str(i + 1), str(c.dp), str(c.tp), str(c.pp), str(c.cp), str(c.virtual), str(c.zero),
+                      c.recompute, f"{c.micro_batch} x {c.micro_batches}", f"{gib(c.memory):.1f}", f"{c.step_s:.3g}",
+                      f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", escape(why))
+    console.print(table)
+    best = shown[0]
+    console.print("step time of #1: " + ", ".join(f"{planner.LABELS[t]} {best.terms[t]:.3g} s"
+                                                   for t in planner.TERMS if best.terms[t]), highlight=False)
+    console.print(f"{result.considered:,} configurations considered, {len(result.ranked):,} fit in "
+                  f"{gib(usable):.1f} GiB ({gib(cluster.memory):.1f} GiB less {headroom:.0%}); "
+                  f"{'all' if every else 'the best of each dp x tp x pp x cp'} shown fastest first. v: model chunks "
+                  f"per pipeline rank (interleaved 1F1B when > 1); micro x m: sequences per micro-batch x "
+                  f"micro-batches per step.", highlight=False)
+    console.print("[dim]Assumptions (plscale/predict/plan.py):\n" + "\n".join(f"  - {escape(a)}" for a in ASSUMPTIONS)
+                  + "[/]", highlight=False)

@@ -1,0 +1,103 @@
+"""GPUs and clusters as the planner sees them: memory, dense peak FLOP/s, and two links.
+
+Host-side and pure. Each GPU of a node talks to the others over NVLink (`intra_gbs`) and to
+other nodes over its own network card (`inter_gbs`); both are per GPU, one direction, in GB/s
+(10^9 bytes per second), the bandwidth a ring collective's bus bandwidth tends to (see
+plscale.predict.busbw). Peak FLOP/s are dense (no 2:4 sparsity) bf16/fp16 tensor-core figures;
+fp32 runs at the TF32 tensor-core peak. Memory is what `nvidia-smi` reports as the total.
+
+Sources (datasheets as published by NVIDIA):
+  H100 SXM5 80GB   989 TFLOP/s bf16 dense (1,979 with sparsity), 494 TF32; NVLink 4 900 GB/s
+                   both directions (450 each way); DGX/HGX H100: 8 x ConnectX-7 400 Gb/s, one per
+                   GPU (50 GB/s). nvidia-smi: 81,559 MiB. (Llama 3's cluster: also 400 Gb/s a GPU.)
+  H200 SXM 141GB   the H100's compute and NVLink; 143,771 MiB; the same 400 Gb/s a GPU in HGX H200.
+  A100 SXM4 80GB   312 TFLOP/s bf16 dense, 156 TF32; NVLink 3 600 GB/s both ways (300 each);
+                   DGX A100: 8 x ConnectX-6 200 Gb/s HDR (25 GB/s a GPU). 81,920 MiB.
+  A100 SXM4 40GB   the same, 40,960 MiB.
+Latency: a ring collective of N ranks takes N-1 steps (2(N-1) for an all-reduce), each paying a
+fixed latency besides its bytes (Hockney's alpha-beta model). Assumed, not measured: 1 us a
+step over NVLink and 5 us across nodes, the order of nccl-tests' small-message times (e.g. an
+8-GPU NVLink all-reduce of a few KB in about 15 us, 14 steps). They matter only at scale: a ring
+of 2,048 ranks pays 2,047 x 5 us = 10 ms a call whatever its size.
+Peak links are what the hardware offers; measured bus bandwidth (nccl-tests, `plscale bench
+collectives`) is lower, often 70-85 % of it: give --intra-gbs and --inter-gbs to use yours.
+"""
+
+from dataclasses import asdict, dataclass, replace
+
+from plscale.errors import UserError, did_you_mean
+
+MiB = 2**20
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory: float             # bytes per GPU
+    peak_flops: dict          # precision -> dense FLOP/s
+    intra_gbs: float          # NVLink, per GPU, one direction, GB/s
+    inter_gbs: float          # network, per GPU, one direction, GB/s
+    gpus_per_node: int = 8
+    source: str = ""
+    intra_latency_us: float = 1.0   # one step of a ring inside a node (an assumption, module doc)
+    inter_latency_us: float = 5.0   # one step of a ring across nodes
+
+    def peak(self, precision: str) -> float:
+        key = "fp32" if precision == "fp32" else "bf16"   # fp16 and bf16 share the tensor-core peak
+        return self.peak_flops[key]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _tf(bf16: float, tf32: float) -> dict:
+    return {"bf16": bf16 * 1e12, "fp32": tf32 * 1e12}
+
+
+GPUS = {
+    "H100": GPU("H100 SXM5 80GB", 81_559 * MiB, _tf(989, 494), 450, 50, 8,
+                "NVIDIA H100 datasheet; DGX H100: 8 x 400 Gb/s ConnectX-7"),
+    "H200": GPU("H200 SXM 141GB", 143_771 * MiB, _tf(989, 494), 450, 50, 8,
+                "NVIDIA H200 datasheet; HGX H200: 8 x 400 Gb/s"),
+    "A100": GPU("A100 SXM4 80GB", 81_920 * MiB, _tf(312, 156), 300, 25, 8,
+                "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR"),
+    "A100-40GB": GPU("A100 SXM4 40GB", 40_960 * MiB, _tf(312, 156), 300, 25, 8,
+                     "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR"),
+}
+ALIASES = {"H100-80GB": "H100", "A100-80GB": "A100", "H200-141GB": "H200"}
+
+
+def gpu(name: str | None, memory_gib: float | None = None, peak_tflops: float | None = None,
+        intra_gbs: float | None = None, inter_gbs: float | None = None,
+        gpus_per_node: int | None = None) -> GPU:
+    """A named GPU (case-insensitive), any field replaced by what is given; or, with no name,
+    a GPU described wholly by the options (each one then required)."""
+    given = {"memory_gib": memory_gib, "peak_tflops": peak_tflops, "intra_gbs": intra_gbs, "inter_gbs": inter_gbs}
+    if name is None:
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise UserError(f"Describe the GPU with --gpu ({', '.join(GPUS)}) or give all of --memory, "
+                            f"--peak-tflops, --intra-gbs and --inter-gbs (missing: "
+                            f"{', '.join('--' + m.replace('_gib', '').replace('_', '-') for m in missing)}).")
+        base = GPU("custom", 0, {}, 0, 0, 8, "given on the command line")
+    else:
+        key = {k.upper(): k for k in [*GPUS, *ALIASES]}.get(name.upper())
+        if key is None:
+            raise UserError(f"No GPU {name!r}.{did_you_mean(name.upper(), GPUS)} Known: {', '.join(GPUS)}; "
+                            f"or describe it with --memory, --peak-tflops, --intra-gbs, --inter-gbs.")
+        base = GPUS[ALIASES.get(key, key)]
+    for flag, value in (*given.items(), ("gpus_per_node", gpus_per_node)):
+        if value is not None and value <= 0:
+            raise UserError(f"--{flag.replace('_gib', '').replace('_', '-')} {value}: must be more than 0.")
+    changes = {}
+    if memory_gib is not None:
+        changes["memory"] = memory_gib * GiB
+    if peak_tflops is not None:
+        changes["peak_flops"] = {"bf16": peak_tflops * 1e12, "fp32": peak_tflops * 1e12}
+    for field, value in (("intra_gbs", intra_gbs), ("inter_gbs", inter_gbs), ("gpus_per_node", gpus_per_node)):
+        if value is not None:
+            changes[field] = value
+    if changes and name is not None:
+        changes["name"] = base.name + " (changed)"
+    return replace(base, **changes)

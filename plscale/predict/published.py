@@ -1,0 +1,93 @@
+"""Published training configurations and the model shapes behind them: what `plscale plan` is
+validated against (tests/test_plan.py), and large shapes `--model` accepts beside the presets.
+
+Host-side and pure. The shapes are Llama-shaped `ModelConfig`s (kept here, not in
+plscale.predict.presets: the presets are built as torch models by the tests, and these are
+hundreds of billions of parameters).
+
+Llama 3 (Grattafiori et al., "The Llama 3 Herd of Models", 2024), table 3 (shapes) and table 4
+(the 405B's pre-training layouts on H100 80GB, 8 a server, 400 Gb/s a GPU):
+    GPUs     TP  CP  PP   DP   seq      batch/DP  tokens/batch  TFLOP/s a GPU  BF16 MFU
+    8,192     8   1  16   64   8,192    32        16M           430            43%
+    16,384    8   1  16  128   8,192    16        16M           400            41%
+    16,384    8  16  16    8   131,072  16        16M           380            38%
+  The paper's pipeline is interleaved and uneven: the first and last stages hold one layer
+  fewer (126 = 16 x 8 - 2), which is how PP 16 divides 126 layers.
+
+Megatron-LM (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", SC 2021), table 1 (GPT models, vocabulary 51,200, sequence 2,048, A100
+80GB on Selene: DGX A100 nodes of 8 GPUs, 8 x 200 Gb/s HDR a node). GPT's MLP (4h, two
+matrices, 8h^2 weights) is written as a SwiGLU of the same weights, f = 8h/3 (rounded down to a
+multiple of 8 where 8h/3 is not whole): the same parameters and FLOPs per token.
+    params   heads  hidden  layers  TP  PP  GPUs   batch  TFLOP/s a GPU
+    145.6B   96     12,288  80       8   8  1,536  2,304  148
+    310.1B   128    16,384  96       8  16  1,920  2,160  155
+  These runs used full activation recomputation and the interleaved schedule where it helped.
+"""
+
+from dataclasses import dataclass
+
+from plscale.errors import UserError, did_you_mean
+from plscale.predict.presets import PRESETS, ModelConfig
+
+SHAPES = {
+    "llama3-8b": ModelConfig(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336,
+                             max_seq=8192, tie_embeddings=False, rope_theta=500_000.0),
+    "llama3-70b": ModelConfig(vocab=128256, hidden=8192, layers=80, heads=64, kv_heads=8, ffn=28672,
+                              max_seq=8192, tie_embeddings=False, rope_theta=500_000.0),
+    "llama3-405b": ModelConfig(vocab=128256, hidden=16384, layers=126, heads=128, kv_heads=8, ffn=53248,
+                               max_seq=131072, tie_embeddings=False, rope_theta=500_000.0),
+    "gpt-145b": ModelConfig(vocab=51200, hidden=12288, layers=80, heads=96, kv_heads=96, ffn=32768, max_seq=2048),
+    "gpt-310b": ModelConfig(vocab=51200, hidden=16384, layers=96, heads=128, kv_heads=128, ffn=43688, max_seq=2048),
+}
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published run: the model, the cluster, the batch, and the layout it used."""
+    name: str
+    model: str           # a key of SHAPES
+    gpu: str             # a key of plscale.predict.cluster.GPUS
+    gpus: int
+    seq: int
+    global_batch: int    # sequences per step
+    dp: int
+    tp: int
+    pp: int
+    cp: int
+    tflops_per_gpu: float
+    source: str
+    differences: str     # what the paper did that the planner does not model
+
+    @property
+    def layout(self) -> tuple[int, int, int, int]:
+        return (self.dp, self.tp, self.pp, self.cp)
+
+
+_LLAMA = ("interleaved 1F1B (the planner prices plain 1F1B's bubble); uneven stages "
+          "(first and last one layer fewer); FSDP-style sharding over DP")
+_MEGATRON = "interleaved 1F1B where it helped; GPT (GELU MLP, learned positions) written as Llama-shaped"
+PUBLISHED = [
+    Published("Llama 3 405B, 8K GPUs", "llama3-405b", "H100", 8192, 8192, 2048, 64, 8, 16, 1, 430,
+              "Llama 3 paper, table 4", _LLAMA),
+    Published("Llama 3 405B, 16K GPUs", "llama3-405b", "H100", 16384, 8192, 2048, 128, 8, 16, 1, 400,
+              "Llama 3 paper, table 4", _LLAMA),
+    Published("Llama 3 405B, 16K GPUs, 128K context", "llama3-405b", "H100", 16384, 131072, 128, 8, 8, 16, 16, 380,
+              "Llama 3 paper, table 4", _LLAMA),
+    Published("Megatron-LM GPT 145.6B", "gpt-145b", "A100", 1536, 2048, 2304, 24, 8, 8, 1, 148,
+              "Narayanan et al. 2021, table 1", _MEGATRON),
+    Published("Megatron-LM GPT 310.1B", "gpt-310b", "A100", 1920, 2048, 2160, 15, 8, 16, 1, 155,
+              "Narayanan et al. 2021, table 1", _MEGATRON),
+]
+
+
+def model_shape(name: str) -> ModelConfig:
+    """A preset (plscale.predict.presets) or a published shape (SHAPES), by name."""
+    if name.lower() in PRESETS:
+        return PRESETS[name.lower()]
+    if name.lower() in SHAPES:
+        return SHAPES[name.lower()]
+    known = [*PRESETS, *SHAPES]
+    raise UserError(f"No model {name!r}.{did_you_mean(name.lower(), known)} Use a preset or a published "
+                    f"shape ({', '.join(known)}), or give the shape with --layers, --hidden, --heads, "
+                    f"--kv-heads, --ffn and --vocab.")
