@@ -248,7 +248,7 @@ def test_a_failed_conversion_leaves_the_earlier_output(saved, tmp_path, monkeypa
     (["convert", "{root}", "--to", "universal", "--out", "{root}/.."], "is not a checkpoint folder"),
     (["convert", "{root}", "--to", "universal", "--out", "{root}"], "is the checkpoint folder itself"),
 ])
-def test_bad_input_is_one_line_and_exit_2(saved, tmp_path, args, message):
+def test_bad_input_is_one_line_and_exit_2(saved, quick_cli, tmp_path, args, message):
     (tmp_path / "empty").mkdir()
     filled = [a.format(root=saved / "stage2", empty=tmp_path / "empty") for a in args]
-    one_line_error(run_cli("ckpt", *filled, env={"COLUMNS": "400"}), message)
+    one_line_error(quick_cli("ckpt", *filled, env={"COLUMNS": "400"}), message)

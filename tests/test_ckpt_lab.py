@@ -175,7 +175,8 @@ def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, saved_
     (["--set", "ds.load_universal=true", "--set", "ds.stage=0", "--set", "ckpt.resume=x"],
      "Universal checkpoints load at ZeRO stages 1-3"),
 ])
-def test_bad_checkpoint_settings_fail_before_launch(cli, args, message):
+def test_bad_checkpoint_settings_fail_before_launch(quick_cli, args, message):
+    cli = quick_cli
     out = cli("lab", "run", "ckpt", *FAST, *args)
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr

@@ -74,7 +74,8 @@ def test_lab_list_and_show():
     (["estimate", "memory", "--seq", "0"], "--seq 0: a sequence has at least one token"),
     (["estimate", "memory", "--budget", "-1"], "--budget -1: give the GiB one device has"),
 ])
-def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+def test_bad_input_is_one_line_and_exit_2(quick_cli, args, message):
+    cli = quick_cli
     result = cli(*args, env={"CUDA_VISIBLE_DEVICES": ""})  # as on a CPU machine, whatever this one has
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -90,7 +91,8 @@ def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     ("# only a comment\n", "lists no host"),
     ("node0 slots=2\n", "lists 1 host(s) but --nodes is 2"),
 ])
-def test_malformed_hostfile_is_one_line_before_launch(cli, tmp_path, text, line):
+def test_malformed_hostfile_is_one_line_before_launch(quick_cli, tmp_path, text, line):
+    cli = quick_cli
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(text)
     result = cli("lab", "run", "mnist", "--gpus", "2", "--cpu", "--nodes", "2", "--hostfile", hostfile)

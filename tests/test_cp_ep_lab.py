@@ -77,7 +77,8 @@ def test_experts_follow_the_unsharded_reference(cli, variant):
     (["moe", "--set", "ds.stage=1"], "the MoE layers by hand train at ZeRO 0"),
     (["ring-attention", "--set", "cp.attention=flash"], "cp.attention 'flash'"),
 ])
-def test_bad_input_is_refused_before_launch(cli, args, message):
+def test_bad_input_is_refused_before_launch(quick_cli, args, message):
+    cli = quick_cli
     out = cli("lab", "run", *args, "--cpu")
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr + out.stdout, out.stderr + out.stdout

@@ -187,7 +187,8 @@ def test_estimate_cp_notes_ulysses_when_the_heads_do_not_split(cli):
     (["--split", "diagonal"], "split 'diagonal': use plain or zigzag."),
     (["--precision", "fp8"], "--precision 'fp8': use bf16, fp16 or fp32."),
 ])
-def test_estimate_cp_bad_input_is_one_line_exit_2(cli, args, message):
+def test_estimate_cp_bad_input_is_one_line_exit_2(quick_cli, args, message):
+    cli = quick_cli
     out = cli("estimate", "cp", *args)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr
@@ -217,7 +218,8 @@ def test_estimate_moe_prints_and_round_trips(cli):
     (["--seq", "0"], "--seq 0: a sequence has at least one token"),
     (["--every", "9"], "--every 9: small has 4 layers"),
 ])
-def test_estimate_moe_bad_input_is_one_line_exit_2(cli, args, message):
+def test_estimate_moe_bad_input_is_one_line_exit_2(quick_cli, args, message):
+    cli = quick_cli
     out = cli("estimate", "moe", *args)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr

@@ -192,8 +192,8 @@ def test_cli_table_and_help_name_the_formulas():
     (["--model", "tiny", "--vocab", "0"], "--vocab 0"),
     (["--grad-accum", "0"], "--grad-accum must be at least 1"),
 ])
-def test_cli_bad_input_is_one_line_exit_2(args, message):
-    out = run_cli("estimate", "memory", *args)
+def test_cli_bad_input_is_one_line_exit_2(quick_cli, args, message):
+    out = quick_cli("estimate", "memory", *args)
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
@@ -274,7 +274,7 @@ def test_cli_checkpoint_stall_from_bytes_and_bandwidth(tmp_path):
     (["--lag-steps", "-1"], "cannot be negative"),
     (["--model", "twelve"], "neither a model preset"),
 ])
-def test_cli_checkpoint_bad_input_is_one_line_exit_2(args, message):
-    out = run_cli("estimate", "checkpoint", *args)
+def test_cli_checkpoint_bad_input_is_one_line_exit_2(quick_cli, args, message):
+    out = quick_cli("estimate", "checkpoint", *args)
     assert out.returncode == 2, out.stdout
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

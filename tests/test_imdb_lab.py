@@ -106,7 +106,8 @@ def test_accelerate_launcher_argv(nodes, node_rank, argv, monkeypatch):
     ("imdb-ddp", "train.target_accuracy=80", "train.target_accuracy=80.0: a fraction of reviews right"),
     ("imdb-ddp", "data.test_samples=-1", "data.test_samples=-1: use a number of reviews, or 0 for all"),
 ])
-def test_bad_settings_fail_before_launch(cli, variant, setting, message):
+def test_bad_settings_fail_before_launch(quick_cli, variant, setting, message):
+    cli = quick_cli
     result = cli("lab", "run", variant, "--gpus", "2", "--cpu", "--dry-run", "--set", setting)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()

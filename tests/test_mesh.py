@@ -162,8 +162,8 @@ def test_cli_imports_neither_torch_nor_deepspeed(tmp_path):
     (["--gpus", "8", "--png", "."], "--png . is a folder"),
     (["--gpus", "8", "--png", "m.svg"], "does not end in .png"),
 ])
-def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
-    result = run_cli("mesh", *args, cwd=tmp_path)
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(quick_cli, tmp_path, args, message):
+    result = quick_cli("mesh", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr

@@ -108,7 +108,8 @@ def test_deepspeed_four_stages(cli):
     (["--set", "bubble.steps=2.5"], "bubble.steps 2.5: use a whole number of at least 2"),
     (["--variant", "torch-interleaved", "--set", "parallel.pp=1"], "Interleaving needs a pipeline of 2 or more"),
 ])
-def test_bad_pipeline_settings_fail_before_launch(cli, args, message):
+def test_bad_pipeline_settings_fail_before_launch(quick_cli, args, message):
+    cli = quick_cli
     out = cli("lab", "run", "pipeline", "--cpu", *args)
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr

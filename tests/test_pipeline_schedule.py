@@ -184,8 +184,8 @@ def test_cli_draws_the_schedule_prints_the_bubble_and_imports_no_torch(tmp_path)
     (["--schedule", "interleaved", "--virtual", "0"], "--virtual must be a whole number of at least 1"),
     (["--out", "p.svg"], "--out p.svg does not end in .png"),
 ])
-def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
-    result = run_cli("viz", "pipeline", *args, cwd=tmp_path)
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(quick_cli, tmp_path, args, message):
+    result = quick_cli("viz", "pipeline", *args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr

@@ -96,7 +96,8 @@ def test_fp8_casts_of_real_tensors(cli):
     (["recompute", "--set", "ds.precision=fp16"], "ds.precision fp16: DeepSpeed's fp16 section does not run on CPU"),
     (["zero2", "--set", "ds.precision=fp16"], "use bf16, or lab 09's fp16 variants (plscale lab run fp16)"),
 ])
-def test_bad_input_is_refused_before_launch(cli, args, message):
+def test_bad_input_is_refused_before_launch(quick_cli, args, message):
+    cli = quick_cli
     out = cli("lab", "run", *args, "--cpu")
     assert out.returncode == 2, out.stdout + out.stderr
     text = out.stderr + out.stdout

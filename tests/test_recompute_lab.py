@@ -64,7 +64,8 @@ def test_strategies_keep_what_is_predicted_and_train_alike(cli):
     (["recompute.strategies=full"], "recompute.strategies 'full': give a list of strategies"),
     (["model.attention=flash"], "model.attention 'flash': use fused (PyTorch's flash kernel"),
 ])
-def test_bad_input_is_refused_before_launch(cli, sets, message):
+def test_bad_input_is_refused_before_launch(quick_cli, sets, message):
+    cli = quick_cli
     out = cli("lab", "run", "recompute", *SMALL, *[a for s in sets for a in ("--set", s)])
     assert out.returncode == 2, out.stdout + out.stderr
     text = out.stderr + out.stdout

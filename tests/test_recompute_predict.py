@@ -225,8 +225,8 @@ def test_step_flops_split_and_time_ratio_by_hand():
     (["--attention", "flash"], "--attention 'flash': use fused (PyTorch's flash kernel"),
     (["--attention", "flsh"], "--attention 'flsh': use fused (PyTorch's flash kernel) or math"),
 ])
-def test_cli_bad_recomputation_is_one_line_exit_2(args, message):
-    out = run_cli("estimate", "memory", *args)
+def test_cli_bad_recomputation_is_one_line_exit_2(quick_cli, args, message):
+    out = quick_cli("estimate", "memory", *args)
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     if "flash" in args:  # the fused core is PyTorch's flash kernel: no guess at a spelling

@@ -80,7 +80,8 @@ def test_tensor_times_data_parallel_on_four_ranks(cli):
     (["--set", "tp.compare=dtensor"], "give a list"),
     (["--set", "parallel.tp=1", "--set", "tp.sequence_parallel=true"], "parallel.tp 1"),
 ])
-def test_bad_input_is_refused_before_launch(cli, args, message):
+def test_bad_input_is_refused_before_launch(quick_cli, args, message):
+    cli = quick_cli
     out = cli("lab", "run", "tp", "--cpu", *args)
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr + out.stdout

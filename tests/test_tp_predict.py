@@ -157,7 +157,8 @@ def test_cli_tp_table_and_json(cli):
     (["estimate", "tp", "--tp", "1", "--sp"], "sequence parallelism needs tp >= 2"),
     (["estimate", "memory", "--model", "small", "--sp"], "sequence parallelism needs tp >= 2"),
 ])
-def test_cli_bad_input_is_one_line_exit_2(cli, args, message):
+def test_cli_bad_input_is_one_line_exit_2(quick_cli, args, message):
+    cli = quick_cli
     out = cli(*args)
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -102,7 +102,8 @@ def test_lab_prediction_is_plscale_estimate_memory(variant):
     (["zero0", "--set", "ds.offload_optimizer=true"], "Optimizer offload needs ZeRO stage"),
     (["zero2", "--data-dir", "/nonexistent/wikitext"], "is not a folder"),
 ])
-def test_bad_input_is_one_line_exit_2(cli, args, message):
+def test_bad_input_is_one_line_exit_2(quick_cli, args, message):
+    cli = quick_cli
     out = cli("lab", "run", *args, "--gpus", "2", "--dry-run")
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
