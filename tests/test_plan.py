@@ -1,27 +1,57 @@
-"""`plscale plan`: the memory filter and the ranking on hand-checked cases, the published layouts,
-and the CLI end to end (plscale/predict/plan.py, plscale/cli/plan.py)."""
+"""`plscale plan`: the memory filter, the step-time model and the ranking on hand-checked cases,
+the published layouts, and the CLI end to end (plscale/predict/plan.py, step_time.py,
+plscale/cli/plan.py)."""
 
 import json
 from dataclasses import replace
+from math import ceil, log2
 
 import pytest
 
 from plscale.errors import UserError
 from plscale.predict.activations import activation_bytes, rebuilt_bytes
-from plscale.predict.cluster import GPUS, GiB, gpu
-from plscale.predict.memory import Setup
-from plscale.predict.plan import Job, pipeline_degrees, plan
+from plscale.predict.cluster import GPUS, GiB, find_gpu
+from plscale.predict.context_parallel import ring_bytes
+from plscale.predict.memory import Setup, estimate
+from plscale.predict.plan import (
+    Candidate,
+    Job,
+    divisors,
+    memory_setup,
+    pipeline_degrees,
+    plan,
+    rank,
+    why_faster,
+)
 from plscale.predict.presets import PRESETS, param_count
 from plscale.predict.published import PUBLISHED, SHAPES
+from plscale.predict.step_time import (
+    collective_seconds,
+    fewest_per_node,
+    link,
+    step_terms,
+)
+from plscale.predict.tensor_parallel import collectives
 from tests.conftest import run_cli
 
 SEVEN_B = PRESETS["7b"]
+H100 = find_gpu("H100")
+
+
+def terms(job: Job, c: Candidate, gpu=H100, heaviest: int | None = None) -> dict:
+    """step_time.step_terms of a candidate built by hand."""
+    layers = heaviest or job.model.layers // c.pp
+    return step_terms(job, gpu, c, memory_setup(job, c, layers), layers)
+
+
+def candidate(dp=1, tp=1, pp=1, cp=1, zero=0, recompute="none", micro_batch=1, m=1, sp=False, v=1) -> Candidate:
+    return Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0, v)
 
 
 def test_a_model_that_fits_one_gpu_trains_data_parallel_first():
     """1B on 8 GPUs of one node with PCIe-like links (25 GB/s): every model-parallel split adds
     communication or a bubble that data parallelism hides behind the backward."""
-    small_cluster = gpu(None, memory_gib=80, peak_tflops=300, intra_gbs=25, inter_gbs=12.5, gpus_per_node=8)
+    small_cluster = find_gpu("H100", memory_gib=80, peak_tflops=300, intra_gbs=25, inter_gbs=12.5, gpus_per_node=8)
     result = plan(Job(PRESETS["1b"], 8, 2048, 64), small_cluster)
     best = result.best_per_layout()
     assert best[0].layout == (8, 1, 1, 1)
@@ -57,8 +87,8 @@ def test_memory_filter_at_the_boundary_computed_by_hand():
 
 def test_tensor_parallelism_stays_inside_a_node():
     job = Job(SEVEN_B, 16, 4096, 64, fixed=(("recompute", "full"),))
-    four = plan(job, gpu("H100", gpus_per_node=4)).ranked
-    eight = plan(job, gpu("H100", gpus_per_node=8)).ranked
+    four = plan(job, find_gpu("H100", gpus_per_node=4)).ranked
+    eight = plan(job, find_gpu("H100", gpus_per_node=8)).ranked
     assert max(c.tp for c in four) == 4
     assert max(c.tp for c in eight) == 8
 
@@ -70,42 +100,28 @@ def test_pipeline_degrees_include_llama3_uneven_split():
     assert 7 not in pipeline_degrees(30)     # divides neither 30 nor 32
 
 
-def test_llama3_405b_on_16k_h100_is_among_the_top_candidates():
-    """The validation: Llama 3 405B at 8K on 16,384 H100 used TP 8, PP 16, DP 128 (Llama 3 paper,
-    table 4). With CP as the paper used it at 8K (none: it took CP only for long context), the
-    published layout must be among the k = 5 best layouts and its predicted step time within 5 %
-    of the best one's: the model leaves out what separates layouts closer than that (kernel
-    efficiency against matmul size, latency beyond a fixed 5 us a ring step)."""
-    published = next(p for p in PUBLISHED if p.name == "Llama 3 405B, 16K GPUs")
-    job = Job(SHAPES[published.model], published.gpus, published.seq, published.global_batch)
-    result = plan(replace(job, fixed=(("cp", published.cp),)), gpu(published.gpu))
-    rank = result.rank_of(published.layout)
+@pytest.mark.parametrize("published", PUBLISHED, ids=[p.name for p in PUBLISHED])
+def test_published_layout_is_among_the_top_candidates(published):
+    """The validation: held to what the run's system offered (published.fixed, the reason in its
+    differences), the published layout ranks among the top_k best layouts with a predicted step
+    time within max_gap of the best one's. k is 3 (5 for Llama 3 on 8K GPUs, where 4 layouts lie
+    within 5 %) and the gap 5-7 %: the model leaves out what separates layouts closer than that
+    (kernel efficiency against matmul size, the network's efficiency on small messages)."""
+    job = Job(SHAPES[published.model], published.gpus, published.seq, published.global_batch, fixed=published.fixed)
+    result = plan(job, find_gpu(published.gpu))
     best = result.best_per_layout()
-    assert rank is not None and rank <= 5, [c.layout for c in best[:8]]
-    assert best[rank - 1].step_s <= 1.05 * best[0].step_s
-
-    # The difference, explained: with CP free, the planner prefers CP > 1 to hold activations, so
-    # that no recomputation is needed; the published layout fits only with full recomputation.
-    free = plan(job, gpu(published.gpu))
-    assert free.best_per_layout()[0].cp > 1 and free.best_per_layout()[0].recompute == "none"
-    assert {c.recompute for c in free.ranked if c.layout == published.layout} == {"full"}
-
-
-def test_megatron_310b_is_among_the_top_candidates():
-    """Narayanan et al. 2021, table 1: GPT 310.1B on 1,920 A100, TP 8, PP 16 (Megatron-LM had no CP)."""
-    published = next(p for p in PUBLISHED if p.name == "Megatron-LM GPT 310.1B")
-    job = Job(SHAPES[published.model], published.gpus, published.seq, published.global_batch,
-              fixed=(("cp", 1),))
-    result = plan(job, gpu(published.gpu))
-    rank = result.rank_of(published.layout)
-    assert rank is not None and rank <= 5
-    assert result.best_per_layout()[rank - 1].step_s <= 1.05 * result.best_per_layout()[0].step_s
+    rank_ = result.rank_of(published.layout)
+    assert rank_ is not None and rank_ <= published.top_k, [c.layout for c in best[:8]]
+    assert best[rank_ - 1].step_s <= (1 + published.max_gap) * best[0].step_s
+    assert published.top_k < len(best)            # a top k that is not every layout
+    held = ", ".join(k for k, _ in published.fixed)
+    assert published.differences.startswith("held to") and "Known deviation" in published.differences, held
 
 
 def test_no_feasible_configuration_names_the_memory_it_needs():
-    result = plan(Job(SEVEN_B, 2, 4096, 8), gpu("A100-40GB", memory_gib=8))
-    assert result.ranked == [] and result.least is not None
-    least = result.least.memory / GiB
+    result = plan(Job(SEVEN_B, 2, 4096, 8), find_gpu("A100-40GB", memory_gib=8))
+    assert result.ranked == [] and result.least_memory is not None
+    least = result.least_memory.memory / GiB
     out = run_cli("plan", "--model", "7b", "--gpus", 2, "--global-batch", 8, "--seq", 4096, "--gpu", "A100-40GB",
                   "--memory", 8)
     assert out.returncode == 2, out.stderr
@@ -122,19 +138,168 @@ def test_cli_plans_7b_on_64_h100():
     rows = [line for line in out.stdout.splitlines() if line.startswith("│ ")]
     assert len(rows) >= 5
     data = json.loads(run_cli("plan", "--model", "7b", "--gpus", 64, "--json", "--top", 3).stdout)
-    steps = [c["step_s"] for c in data["candidates"]]
-    assert len(steps) == 3 and steps[0] <= steps[-1] * 1.01
+    assert len(data["candidates"]) == 3
     assert all(c["dp"] * c["tp"] * c["pp"] * c["cp"] == 64 for c in data["candidates"])
 
 
 def test_bad_input_is_a_user_error():
     with pytest.raises(UserError, match="efficiency"):
-        plan(Job(SEVEN_B, 8, 4096, 8, efficiency=1.5), gpu("H100"))
+        plan(Job(SEVEN_B, 8, 4096, 8, efficiency=1.5), H100)
     with pytest.raises(UserError, match="--memory"):
-        gpu(None, memory_gib=80)
+        find_gpu("H100", memory_gib=-1)
 
 
-def test_cli_bad_gpu_is_one_line():
-    out = run_cli("plan", "--model", "7b", "--gpus", 8, "--gpu", "H10")
-    assert out.returncode == 2
-    assert "No GPU 'H10'" in out.stderr and "Did you mean" in out.stderr and "Traceback" not in out.stderr
+@pytest.mark.parametrize("args, says", [
+    (("--gpu", "H10"), "No GPU 'H10'"),
+    (("--seq", 0), "--seq 0: must be at least 1"),
+    (("--global-batch", 0), "--global-batch 0: must be at least 1"),
+    (("--pp", 2, "--zero", 3), "ZeRO-2/3 are not combined with pipeline parallelism"),
+    # a fixed degree that cannot be: the degree at fault is named, not the batch
+    (("--gpus", 64, "--tp", 3), "--tp 3 does not divide --gpus 64"),
+    (("--gpus", 64, "--dp", 64, "--tp", 2), "--dp 64 x --tp 2 = 128 GPUs does not divide --gpus 64"),
+    (("--gpus", 64, "--tp", 16), "--tp 16: tensor parallelism stays inside a node of 8 GPUs"),
+    (("--gpus", 64, "--pp", 64), "--pp 64 divides neither the 32 layers nor 32 + 2"),
+    (("--gpus", 64, "--gpus-per-node", 3), "--gpus 64 is not a whole number of 3-GPU nodes"),
+    # sizes that would make the enumeration endless, or a batch given in tokens
+    (("--gpus", 10**20), "the planner covers clusters of up to 1,048,576 GPUs"),
+    (("--global-batch", 4194304), "--global-batch counts sequences, not tokens"),
+])
+def test_cli_bad_input_is_one_line(quick_cli, args, says):
+    out = quick_cli("plan", "--model", "7b", "--gpus", 8, *args)
+    assert out.returncode == 2, out.stdout
+    assert says in " ".join(out.stderr.split()) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_divisors_of_a_large_number_come_quickly_and_complete():
+    assert divisors(2**20) == [2**k for k in range(21)]
+    assert divisors(126) == [1, 2, 3, 6, 7, 9, 14, 18, 21, 42, 63, 126]
+    assert divisors(1) == [1]
+
+
+def test_one_figure_changes_the_chosen_gpu():
+    """--memory alone changes the H100's memory (the default GPU) and keeps its other figures."""
+    gpu = find_gpu(None, memory_gib=40)
+    assert gpu.memory == 40 * GiB and gpu.peak_flops == GPUS["H100"].peak_flops and gpu.inter_gbs == 50
+    a100 = find_gpu("A100", inter_gbs=100)
+    assert a100.inter_gbs == 100 and a100.memory == GPUS["A100"].memory
+    out = run_cli("plan", "--model", "1b", "--gpus", 8, "--memory", 40, "--top", 1)
+    assert out.returncode == 0, out.stderr
+    assert "H100 SXM5 80GB (changed: memory 40)" in out.stdout
+
+
+# ---- the step-time model, by hand ------------------------------------------------------------------
+
+def test_dp_term_of_a_two_node_zero0_job():
+    """1B on 2 nodes of 8 H100, dp 16, ZeRO-0, no overlap: an all-reduce of the bf16 gradients, 2Ψ
+    bytes, as a reduce-scatter and an all-gather, each (n-1)/n of the bytes at min(NVLink 450,
+    8 cards x 50) = 400 GB/s, issued a layer at a time (16 calls), each paying min(ring 15,
+    tree 4) latency steps of 5 us."""
+    model = PRESETS["1b"]
+    job = Job(model, 16, 2048, 16, overlap=False)
+    phase = 2 * param_count(model) * 15 / 16 / 400e9 + model.layers * 4 * 5e-6
+    assert terms(job, candidate(dp=16))["dp"] == pytest.approx(2 * phase, rel=1e-12)
+
+
+def test_links_of_groups_across_nodes():
+    """Megatron's order, 8 GPUs a node: a group of n ranks `stride` apart."""
+    assert link(H100, 8, 1) == pytest.approx((450e9, 1e-6))        # tp 8: one node
+    assert link(H100, 16, 1)[0] == 400e9                             # dp 16 of stride 1: 8 cards a node
+    assert link(H100, 4, 2)[0] == 450e9                              # dp 4 after tp 2: 8 ranks, 1 node
+    assert fewest_per_node(8, 2, 8) == 4 and link(H100, 8, 2)[0] == 200e9   # 16 ranks: 4 a node
+    assert link(H100, 128, 8) == pytest.approx((50e9, 5e-6))       # dp after tp 8: one a node
+    # tp x cp = 6 on 8-GPU nodes straddles: the cp group {6, 9} crosses, the tp group {6..11} too (2 + 4)
+    assert fewest_per_node(2, 3, 8) == 1 and link(H100, 2, 3)[0] == 50e9
+    assert fewest_per_node(6, 1, 8) == 2 and link(H100, 6, 1)[0] == 100e9
+    assert fewest_per_node(4, 1, 8) is None
+
+
+def test_latency_is_the_fewer_of_ring_and_tree_steps():
+    """An all-reduce of 1,024 ranks across nodes pays 2 x 10 tree steps, not 2 x 1,023 ring steps."""
+    one_byte = collective_seconds("all_reduce", 0, 1024, (50e9, 5e-6))
+    assert one_byte == pytest.approx(2 * ceil(log2(1024)) * 5e-6)
+    assert collective_seconds("all_gather", 0, 3, (50e9, 5e-6)) == pytest.approx(2 * 5e-6)   # ring 2 < tree 2
+
+
+def test_bubble_of_1f1b_and_interleaved():
+    """pp 4, m 8: f = (p-1)/(v m + p-1); the bubble is f/(1-f) = (p-1)/(v m) of the busy time: 3/8,
+    and 3/16 interleaved with v 2."""
+    job = Job(SEVEN_B, 4, 4096, 8)
+    for v, share in ((1, 3 / 8), (2, 3 / 16)):
+        t = terms(job, candidate(pp=4, m=8, v=v))
+        busy = t["compute"] + t["tp"] + t["pp"] + t["cp"]
+        assert t["bubble"] == pytest.approx(busy * share, rel=1e-12)
+
+
+def test_tp_collectives_of_a_stage_by_hand():
+    """7B, tp 8 in one node, no sp, micro-batch 1 of 4096 tokens: each all-reduce of A = s h e bytes
+    takes A x 2(7/8) / 450 GB/s + 2 x 3 steps x 1 us. 4 a layer; the embedding's on the first stage,
+    the head input's and the loss's 3 (b s fp32) on the last. Full recomputation reruns the layers'
+    2 forward ones."""
+    a = 4096 * 4096 * 2
+
+    def all_reduce(nbytes):
+        return nbytes * 2 * 7 / 8 / 450e9 + 2 * 3 * 1e-6
+    one_stage = 32 * 4 * all_reduce(a) + 2 * all_reduce(a) + 3 * all_reduce(4096 * 4)
+    job = Job(SEVEN_B, 8, 4096, 1)
+    assert terms(job, candidate(tp=8))["tp"] == pytest.approx(one_stage, rel=1e-12)
+    rows = collectives(SEVEN_B, 8, 4096, 1, "bf16")               # the shared module: the same seconds
+    assert sum(collective_seconds(r.op, r.total, 8, (450e9, 1e-6), r.calls) for r in rows) == pytest.approx(one_stage)
+    full = terms(job, candidate(tp=8, recompute="full"))["tp"]
+    assert full == pytest.approx(one_stage + 32 * 2 * all_reduce(a), rel=1e-12)
+    # pp 2: the last stage (16 layers, the head's FLOPs, its collectives) sets the pace, once
+    last = 16 * 4 * 2 * all_reduce(a) + 2 * all_reduce(a) + 3 * 2 * all_reduce(4096 * 4)
+    assert terms(Job(SEVEN_B, 16, 4096, 2), candidate(tp=8, pp=2, m=2))["tp"] == pytest.approx(last, rel=1e-12)
+
+
+def test_cp_ring_carries_a_tp_ranks_kv_heads_behind_its_causal_share():
+    """Llama 3 8B (8 kv heads, d 128), tp 2 x cp 2, seq 8192: each rank's ring carries its 4 kv heads.
+    Across nodes (2 GPUs a node, 0.05 GB/s), the hops show past the causal zig-zag attention core:
+    rank 0 holds chunks 0 and 3 of 2,048 tokens, 3 x 2048^2 + 2048 x 2049 scores of 4 d FLOPs a
+    head forward, 16 heads a rank, x 3 with the backward."""
+    model = SHAPES["llama3-8b"]
+    slow = find_gpu("H100", gpus_per_node=2, inter_gbs=0.05)
+    ring = ring_bytes(1, 8192, 2, 4, 128, 2)
+    hops = ring.total / 0.05e9 + 4 * 5e-6
+    c = candidate(tp=2, cp=2)
+    assert terms(Job(model, 4, 8192, 1, overlap=False), c, slow)["cp"] == pytest.approx(32 * hops, rel=1e-12)
+    scores = 3 * 2048**2 + 2048 * 2049
+    window = 3 * 4 * 128 * scores * 16 / (989e12 * 0.5)
+    assert terms(Job(model, 4, 8192, 1), c, slow)["cp"] == pytest.approx(32 * (hops - window), rel=1e-12)
+
+
+def test_zero_stages_offered():
+    """ZeRO-2/3 never with pp > 1; ZeRO 1-3 never when dp x cp = 1 (nothing to shard over)."""
+    result = plan(Job(SEVEN_B, 8, 4096, 16, fixed=(("recompute", "full"),)), H100)
+    assert {c.zero for c in result.ranked if c.pp > 1} == {0, 1}
+    assert {c.zero for c in result.ranked if c.dp * c.cp == 1} == {0}
+    assert {c.zero for c in result.ranked if c.pp == 1 and c.dp > 1} == {0, 1, 2, 3}
+
+
+def test_interleaving_holds_more_activations():
+    """pp 4, m 8, v 2: rank 0 holds 2(p-1) + (v-1)p + 1 = 11 chunks of half a stage, 11/8 of 1F1B's 4
+    micro-batches of a stage: 3/8 more activations."""
+    job = Job(SEVEN_B, 8, 4096, 16, fixed=(("pp", 4), ("dp", 2), ("zero", 0), ("recompute", "full")))
+    got = {(c.micro_batch, c.virtual): c for c in plan(job, H100).ranked}
+    plain, interleaved = got[(1, 1)], got[(1, 2)]
+    activations = estimate(memory_setup(job, plain, 8)).term("activations").device
+    assert interleaved.memory - plain.memory == pytest.approx(3 / 8 * activations, rel=1e-12)
+
+
+def test_ranking_in_tie_groups_and_why():
+    """Sorted by step time; within 1 % of a group's fastest, a tie: fewer model-parallel ranks, then
+    less memory first. A later group is always slower."""
+    def timed(step, tp=1, memory=1.0, **terms_):
+        c = candidate(tp=tp)
+        c.memory, c.terms = memory, {"compute": step, "bubble": 0, "tp": 0, "dp": 0, "pp": 0, "cp": 0, **terms_}
+        return c
+    a, b, c, d, e = timed(1.0, tp=2), timed(1.005), timed(1.0095, memory=0.5), timed(1.0151), timed(1.02)
+    ranked = rank([e, d, c, b, a])
+    assert [x.step_s for x in ranked] == [1.0095, 1.005, 1.0, 1.0151, 1.02]
+    assert [x.tie for x in ranked] == [0, 0, 0, 1, 1]
+    assert why_faster(ranked[0], ranked[1]) == ("a tie (within 1% of the fastest of its group): less memory "
+                                                "(same layout)")
+    assert why_faster(ranked[1], ranked[2]).endswith("fewer model-parallel ranks (tp 1 vs 2)")
+    fast, slow = timed(1.0, dp=0.1), timed(1.0, dp=0.5)
+    slow.zero = 3
+    fast.tie, slow.tie = 0, 1
+    assert why_faster(fast, slow) == "0.4 s faster: data-parallel comm 0.4 s less (zero 0 vs 3)"

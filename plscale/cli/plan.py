@@ -10,8 +10,7 @@ from rich.table import Table
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import plan as planner
-from plscale.predict.cluster import GPUS
-from plscale.predict.cluster import gpu as make_gpu
+from plscale.predict.cluster import GPUS, find_gpu
 from plscale.predict.memory import gib
 from plscale.predict.presets import PRESETS, ModelConfig, param_count
 from plscale.predict.published import SHAPES, model_shape
@@ -19,17 +18,22 @@ from plscale.predict.published import SHAPES, model_shape
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 ASSUMPTIONS = [
     ("compute: training FLOPs (6 a weight a token, attention, recomputation's rerun) at the stated efficiency "
-     "of the dense peak; the slowest pipeline stage sets the pace"),
+     "of the dense peak; the slowest pipeline stage (first: embedding, last: head and loss) sets the pace"),
     ("memory: plscale.predict.memory (ZeRO model states, activations; 1F1B's first stage holds pp micro-batches, "
      "interleaving more); fits under (1 - headroom) of the GPU"),
-    "tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped; sp on with tp > 1",
-    ("dp: gradient reduce-scatter/all-reduce (ZeRO-3 adds parameter all-gathers) hidden behind the backward "
-     "of its micro-batch; parameter all-gathers after the step exposed"),
+    ("tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped; sp on with tp > 1; "
+     "full recomputation reruns the forward ones"),
+    ("dp: gradient reduce-scatter/all-reduce over dp x cp (ZeRO-3 adds parameter all-gathers) hidden behind the "
+     "backward of its micro-batch; parameter all-gathers after the step exposed"),
     "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
-    "cp: ring attention's k, v hops (context_parallel.ring_bytes) hidden behind the attention core",
-    ("links: a group spanning nodes runs at the network's bandwidth; ring collectives pay busbw's factor and "
-     "a latency a step (1 us NVLink, 5 us network)"),
-    "not modelled: kernel efficiency against matmul size, expert parallelism, offload, fp8, zero-bubble schedules",
+    ("cp: ring attention's k, v hops of the rank's kv heads (context_parallel.ring_bytes) hidden behind its "
+     "causal zig-zag attention core"),
+    ("links: Megatron's rank order (tp, cp, dp, pp); a group spanning nodes with k members a node runs at "
+     "min(NVLink, k x network); latency a step 1 us NVLink, 5 us network, min(ring, tree) steps"),
+    ("ranking: by step time; candidates within 1% of their group's fastest are a tie, ranked by fewer "
+     "model-parallel ranks, then less memory"),
+    ("not modelled: kernel efficiency against matmul size, the network's lower efficiency on small messages, "
+     "launch latency, expert parallelism, offload, fp8, zero-bubble schedules"),
 ]
 
 
@@ -61,12 +65,12 @@ def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
 def plan(
     model: str = typer.Option(None, "--model", "-m", help=f"A preset or published shape: {', '.join([*PRESETS, *SHAPES])}."),
     gpus: int = typer.Option(8, help="GPUs in all."),
-    gpu: str = typer.Option(None, help=f"The GPU: {', '.join(GPUS)} (default H100 unless described by the options below)."),
-    memory: float = typer.Option(None, help="GiB per GPU (replaces the GPU's)."),
-    peak_tflops: float = typer.Option(None, help="Dense peak TFLOP/s per GPU in the training precision."),
-    intra_gbs: float = typer.Option(None, help="NVLink (inside a node) GB/s per GPU, one direction."),
-    inter_gbs: float = typer.Option(None, help="Network (across nodes) GB/s per GPU, one direction."),
-    gpus_per_node: int = typer.Option(None, help="GPUs a node (default 8)."),
+    gpu: str = typer.Option(None, help=f"The GPU: {', '.join(GPUS)} (default H100); the options below change its figures."),
+    memory: float = typer.Option(None, help="GiB per GPU (replaces the --gpu's)."),
+    peak_tflops: float = typer.Option(None, help="Dense peak TFLOP/s per GPU in the training precision (replaces the --gpu's)."),
+    intra_gbs: float = typer.Option(None, help="NVLink (inside a node) GB/s per GPU, one direction (replaces the --gpu's)."),
+    inter_gbs: float = typer.Option(None, help="Network (across nodes) GB/s per GPU, one direction (replaces the --gpu's)."),
+    gpus_per_node: int = typer.Option(None, help="GPUs a node (replaces the --gpu's, 8)."),
     seq: int = typer.Option(None, help="Sequence length (default: the model's longest, at most 4096)."),
     global_batch: int = typer.Option(None, help="Sequences per optimizer step (default: about 4M tokens)."),
     efficiency: float = typer.Option(0.5, help="Fraction of the peak FLOP/s the matmuls reach."),
@@ -98,16 +102,22 @@ def plan(
     """
     name, config = _model(model, {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
                                    "ffn": ffn, "vocab": vocab})
-    described = any(v is not None for v in (memory, peak_tflops, intra_gbs, inter_gbs))
-    cluster = make_gpu(gpu if gpu or described else "H100", memory, peak_tflops, intra_gbs, inter_gbs, gpus_per_node)
+    cluster = find_gpu(gpu, memory, peak_tflops, intra_gbs, inter_gbs, gpus_per_node)
+    for flag, value in (("--seq", seq), ("--global-batch", global_batch), ("--gpus", gpus)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} {value}: must be at least 1.")
     if recompute is not None and recompute not in planner.RECOMPUTE:
         raise UserError(f"--recompute {recompute!r}: use {', '.join(planner.RECOMPUTE)}.")
     if zero is not None and zero not in (0, 1, 2, 3):
         raise UserError(f"--zero {zero}: use a ZeRO stage 0, 1, 2 or 3.")
+    if pp is not None and pp > 1 and zero is not None and zero > 1:
+        raise UserError(f"--pp {pp} --zero {zero}: ZeRO-2/3 are not combined with pipeline parallelism (DeepSpeed's "
+                        f"pipeline engine refuses them; Megatron's distributed optimizer is ZeRO-1): use --zero 0 or 1 "
+                        f"with --pp, or drop --pp.")
     if top < 1:
         raise UserError(f"--top {top}: print at least 1.")
-    seq = seq or min(config.max_seq, 4096)
-    global_batch = global_batch or max(1, 2**22 // seq)
+    seq = min(config.max_seq, 4096) if seq is None else seq
+    global_batch = max(1, 2**22 // seq) if global_batch is None else global_batch
     fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero,
                                                  "recompute": recompute}.items()
                   if v is not None)
@@ -115,12 +125,9 @@ def plan(
     result = planner.plan(job, cluster)
     usable = result.usable
     if not result.ranked:
-        if result.least is None:
-            raise UserError(f"No layout of {gpus} GPUs fits this job: dp x tp x pp x cp must equal --gpus with tp "
-                            f"dividing the heads, pp the layers, cp --seq {seq} and dp --global-batch {global_batch}"
-                            f"{' and the fixed degrees' if fixed else ''}: try a global batch that is a multiple of "
-                            f"{gpus}.")
-        c = result.least
+        if result.least_memory is None:
+            raise UserError(f"No layout of {gpus} GPUs fits this job: {planner.no_layout_reason(job, cluster)}.")
+        c = result.least_memory
         raise UserError(f"No configuration fits: the smallest needs at least {gib(c.memory):.1f} GiB per GPU (dp {c.dp} "
                         f"tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, micro-batch "
                         f"{c.micro_batch}); the GPU has {gib(cluster.memory):.1f} GiB, {gib(usable):.1f} usable with "
@@ -153,7 +160,8 @@ def plan(
                                                    for t in planner.TERMS if best.terms[t]), highlight=False)
     console.print(f"{result.considered:,} configurations considered, {len(result.ranked):,} fit in "
                   f"{gib(usable):.1f} GiB ({gib(cluster.memory):.1f} GiB less {headroom:.0%}); "
-                  f"{'all' if every else 'the best of each dp x tp x pp x cp'} shown fastest first. v: model chunks "
+                  f"{'all' if every else 'the best of each dp x tp x pp x cp'} shown in ranked order (ties within 1%: fewer "
+                  f"model-parallel ranks, then less memory first). v: model chunks "
                   f"per pipeline rank (interleaved 1F1B when > 1); micro x m: sequences per micro-batch x "
                   f"micro-batches per step.", highlight=False)
     console.print("[dim]Assumptions (plscale/predict/plan.py):\n" + "\n".join(f"  - {escape(a)}" for a in ASSUMPTIONS)

@@ -14,11 +14,13 @@ Sources (datasheets as published by NVIDIA):
   A100 SXM4 80GB   312 TFLOP/s bf16 dense, 156 TF32; NVLink 3 600 GB/s both ways (300 each);
                    DGX A100: 8 x ConnectX-6 200 Gb/s HDR (25 GB/s a GPU). 81,920 MiB.
   A100 SXM4 40GB   the same, 40,960 MiB.
-Latency: a ring collective of N ranks takes N-1 steps (2(N-1) for an all-reduce), each paying a
-fixed latency besides its bytes (Hockney's alpha-beta model). Assumed, not measured: 1 us a
-step over NVLink and 5 us across nodes, the order of nccl-tests' small-message times (e.g. an
-8-GPU NVLink all-reduce of a few KB in about 15 us, 14 steps). They matter only at scale: a ring
-of 2,048 ranks pays 2,047 x 5 us = 10 ms a call whatever its size.
+Latency: a collective of N ranks pays a fixed latency a step besides its bytes (Hockney's alpha-beta
+model). Steps: a ring's N-1 a phase, a tree's log2 N (an all-reduce has two phases); the planner
+takes the fewer (plscale.predict.step_time.latency_steps): NCCL switches to tree, NVLS or PAT
+algorithms at scale, whose latency grows as log N. Assumed, not measured: 1 us a step over NVLink
+and 5 us across nodes, the order of nccl-tests' small-message times (e.g. an 8-GPU NVLink
+all-reduce of a few KB in about 15 us). Bandwidth of a group that spans nodes: step_time.link
+(k members on a node spread the rings over k network cards).
 Peak links are what the hardware offers; measured bus bandwidth (nccl-tests, `plscale bench
 collectives`) is lower, often 70-85 % of it: give --intra-gbs and --inter-gbs to use yours.
 """
@@ -68,26 +70,19 @@ GPUS = {
 ALIASES = {"H100-80GB": "H100", "A100-80GB": "A100", "H200-141GB": "H200"}
 
 
-def gpu(name: str | None, memory_gib: float | None = None, peak_tflops: float | None = None,
-        intra_gbs: float | None = None, inter_gbs: float | None = None,
-        gpus_per_node: int | None = None) -> GPU:
-    """A named GPU (case-insensitive), any field replaced by what is given; or, with no name,
-    a GPU described wholly by the options (each one then required)."""
-    given = {"memory_gib": memory_gib, "peak_tflops": peak_tflops, "intra_gbs": intra_gbs, "inter_gbs": inter_gbs}
-    if name is None:
-        missing = [k for k, v in given.items() if v is None]
-        if missing:
-            raise UserError(f"Describe the GPU with --gpu ({', '.join(GPUS)}) or give all of --memory, "
-                            f"--peak-tflops, --intra-gbs and --inter-gbs (missing: "
-                            f"{', '.join('--' + m.replace('_gib', '').replace('_', '-') for m in missing)}).")
-        base = GPU("custom", 0, {}, 0, 0, 8, "given on the command line")
-    else:
-        key = {k.upper(): k for k in [*GPUS, *ALIASES]}.get(name.upper())
-        if key is None:
-            raise UserError(f"No GPU {name!r}.{did_you_mean(name.upper(), GPUS)} Known: {', '.join(GPUS)}; "
-                            f"or describe it with --memory, --peak-tflops, --intra-gbs, --inter-gbs.")
-        base = GPUS[ALIASES.get(key, key)]
-    for flag, value in (*given.items(), ("gpus_per_node", gpus_per_node)):
+def find_gpu(name: str | None = "H100", memory_gib: float | None = None, peak_tflops: float | None = None,
+             intra_gbs: float | None = None, inter_gbs: float | None = None,
+             gpus_per_node: int | None = None) -> GPU:
+    """A named GPU (case-insensitive; H100 when None), each field given replacing the GPU's."""
+    given = {"memory_gib": memory_gib, "peak_tflops": peak_tflops, "intra_gbs": intra_gbs, "inter_gbs": inter_gbs,
+             "gpus_per_node": gpus_per_node}
+    name = "H100" if name is None else name
+    key = {k.upper(): k for k in [*GPUS, *ALIASES]}.get(name.upper())
+    if key is None:
+        raise UserError(f"No GPU {name!r}.{did_you_mean(name.upper(), GPUS)} Known: {', '.join(GPUS)}; "
+                        f"or change one's figures with --memory, --peak-tflops, --intra-gbs, --inter-gbs.")
+    base = GPUS[ALIASES.get(key, key)]
+    for flag, value in given.items():
         if value is not None and value <= 0:
             raise UserError(f"--{flag.replace('_gib', '').replace('_', '-')} {value}: must be more than 0.")
     changes = {}
@@ -98,6 +93,7 @@ def gpu(name: str | None, memory_gib: float | None = None, peak_tflops: float | 
     for field, value in (("intra_gbs", intra_gbs), ("inter_gbs", inter_gbs), ("gpus_per_node", gpus_per_node)):
         if value is not None:
             changes[field] = value
-    if changes and name is not None:
-        changes["name"] = base.name + " (changed)"
+    if changes:
+        changes["name"] = base.name + " (changed: " + ", ".join(
+            f"{k.replace('_gib', '').replace('_', '-')} {v:g}" for k, v in given.items() if v is not None) + ")"
     return replace(base, **changes)

@@ -1,0 +1,236 @@
+"""The step-time model of `plscale plan` (plscale.predict.plan): seconds of one optimizer step of a
+candidate layout, as the sum of TERMS. Host-side and pure.
+
+The pace is set by the slowest pipeline stage. Stages differ at their ends: the first holds the
+embedding, the last the output head and the loss (and, on Llama 3's uneven split, both hold one
+layer fewer). Each kind of stage (first, middle, last; one stage with pp 1) is costed as below and
+the one with the most compute + tp + cp sets every term.
+
+  compute   the stage's FLOPs (recompute.step_flops: 6 per weight per token, attention, what
+            recomputation reruns; the head's on the last stage) x tokens x pp / (gpus x peak x
+            efficiency): each GPU of a stage does 1 / (dp tp cp) of the stage's work
+  bubble    the pipelined work (compute + tp + pp + cp) x f / (1 - f),
+            f = pipeline.bubble_fraction(pp, m, v) = (pp - 1) / (v m + pp - 1): with 1F1B (v 1) and
+            pp 4, m 8 the bubble is 3/8 of the busy time; interleaved with v 2, 3/16
+  tp        every collective of tensor_parallel.collectives (Megatron's f and g: 4 a layer a
+            micro-batch; the embedding's on the first stage, the head's and the loss's on the
+            last), on the critical path, not overlapped. Full recomputation reruns each layer's
+            forward, its forward collectives too (x 2 for those); selective recomputation reruns
+            only the attention core, which lies between f and g and needs no collective
+  dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes
+            (Ψ = memory.rank_params), issued a layer at a time (buckets, FSDP units): stage 0 one
+            all-reduce a step; 1 a reduce-scatter and an all-gather a step; 2 a reduce-scatter a
+            micro-batch and an all-gather a step; 3 per micro-batch an all-gather forward, one
+            backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
+            reductions hide behind the backward of their micro-batch (backward and recomputation),
+            ZeRO-3's forward gathers behind its forward; the parameter all-gather after the
+            optimizer step (stages 1-2) is exposed
+  pp        point-to-point, per micro-batch and chunk boundary an activation forward and a
+            gradient backward of b (s/cp) h e bytes, / tp (Megatron's scatter-gather: Narayanan
+            et al. 2021 sec. 4.1); not overlapped
+  cp        ring attention's k, v hops (context_parallel.ring_bytes, with the kv_heads / tp heads
+            a TP rank holds) for each layer and micro-batch, plus the forward's hops again when
+            recomputation reruns the attention; hidden behind the causal attention core of the
+            rank's zig-zag share (context_parallel.pair_work's scores: 4 d FLOPs a score forward,
+            twice that backward)
+
+Collectives (`collective_seconds`): bytes x busbw.bus_factor(op, n) / bandwidth + latency steps x
+a step's latency. Latency steps: the fewer of a ring's (n - 1 a phase) and a tree's (log2 n a
+phase; an all-reduce has two phases): NCCL picks tree, NVLS or PAT algorithms at scale, whose
+latency grows as log n (an assumption; its tuner's real choice depends on size and topology).
+
+Links (`link`): ranks are laid out as Megatron orders them, tp fastest, then cp, dp, pp. A group
+of n ranks `stride` apart stays on NVLink when every such group lies inside one node (span n x
+stride at most a node and dividing it). A group that crosses nodes with k members on each node
+it touches runs its collectives at min(NVLink, k x network): NCCL spreads its rings over the k
+network cards (one per GPU); the fewest members any group has on one node set k.
+Point-to-point traffic (pp, cp's ring hops) uses one card a pair: the network's bandwidth.
+
+Not modelled: kernel efficiency against matmul size (one efficiency for every shape), launch
+latency, the network's lower efficiency on small messages (a ring's chunk is its message / n),
+congestion between groups sharing a card, zero-bubble schedules, expert parallelism, offload, fp8.
+"""
+
+from collections import Counter
+from dataclasses import replace
+from functools import cache
+from math import ceil, gcd, log2
+
+from plscale.predict.busbw import bus_factor
+from plscale.predict.cluster import GPU
+from plscale.predict.context_parallel import check_split, chunks, pair_work, ring_bytes
+from plscale.predict.memory import BYTES, Setup, rank_params
+from plscale.predict.pipeline import bubble_fraction, in_flight
+from plscale.predict.presets import ModelConfig
+from plscale.predict.recompute import layer_forward_flops, step_flops
+from plscale.predict.tensor_parallel import ELEMENT_BYTES
+from plscale.predict.tensor_parallel import collectives as tp_collectives
+
+TERMS = ("compute", "bubble", "tp", "dp", "pp", "cp")
+LABELS = {"compute": "compute", "bubble": "pipeline bubble", "tp": "tensor-parallel comm",
+          "dp": "data-parallel comm", "pp": "pipeline p2p", "cp": "context-parallel ring"}
+
+
+def latency_steps(op: str, n: int) -> int:
+    """Latency steps of one collective over n ranks: min(ring n - 1, tree ceil(log2 n)) a phase."""
+    if n <= 1:
+        return 0
+    return (2 if op == "all_reduce" else 1) * min(n - 1, ceil(log2(n)))
+
+
+def collective_seconds(op: str, nbytes: float, n: int, link: tuple[float, float], calls: int = 1) -> float:
+    """`calls` collectives of `nbytes` in all over n ranks on a link (bytes/s, seconds a step)."""
+    bandwidth, latency = link
+    return nbytes * bus_factor(op, n) / bandwidth + calls * latency_steps(op, n) * latency
+
+
+@cache
+def fewest_per_node(n: int, stride: int, per_node: int) -> int | None:
+    """None when every group of n ranks `stride` apart lies inside one node; else the fewest
+    members any such group has on one node it touches."""
+    if n <= 1:
+        return None
+    if stride >= per_node:
+        return 1
+    fewest = None
+    period = per_node // gcd(n * stride, per_node)     # groups before the node pattern repeats
+    for block in range(period):
+        for inner in range(stride):
+            counts = Counter((block * n * stride + inner + j * stride) // per_node for j in range(n))
+            if len(counts) > 1:
+                fewest = min(fewest or n, *counts.values())
+    return fewest
+
+
+def link(gpu: GPU, n: int, stride: int) -> tuple[float, float]:
+    """(bytes/s, seconds a latency step) of the collectives of a group of n ranks `stride` apart."""
+    k = fewest_per_node(n, stride, gpu.gpus_per_node)
+    if k is None:
+        return gpu.intra_gbs * 1e9, gpu.intra_latency_us * 1e-6
+    return min(gpu.intra_gbs, k * gpu.inter_gbs) * 1e9, gpu.inter_latency_us * 1e-6
+
+
+def p2p_link(gpu: GPU, n: int, stride: int) -> tuple[float, float]:
+    """Point-to-point between neighbours of such a group: one network card a pair when it crosses."""
+    if fewest_per_node(n, stride, gpu.gpus_per_node) is None:
+        return gpu.intra_gbs * 1e9, gpu.intra_latency_us * 1e-6
+    return gpu.inter_gbs * 1e9, gpu.inter_latency_us * 1e-6
+
+
+def stages(layers: int, pp: int, heaviest: int) -> dict[str, tuple[int, bool, bool]]:
+    """name -> (layers, holds the embedding, holds the head) of each kind of pipeline stage."""
+    if pp == 1:
+        return {"the only stage": (layers, True, True)}
+    edge = heaviest - 1 if heaviest * pp == layers + 2 else heaviest
+    out = {"first stage": (edge, True, False), "last stage": (edge, False, True)}
+    if pp > 2:
+        out["middle stages"] = (heaviest, False, False)
+    return out
+
+
+@cache
+def tp_parts(model: ModelConfig, tp: int, tokens: int, micro_batch: int, precision: str, sp: bool, m: int,
+             link: tuple[float, float]) -> tuple[float, float, float, float]:
+    """Seconds a step of TP collectives: (a layer's forward ones, a layer's backward ones, the first
+    stage's own, the last stage's own), from tensor_parallel.collectives of 1 and 2 layers."""
+    def seconds(layers):
+        rows = tp_collectives(replace(model, layers=layers), tp, tokens, micro_batch, precision, sp=sp,
+                              micro_batches=m)
+        out = {}
+        for r in rows:
+            key = ("embedding" if r.where.startswith("embedding") else "rest", r.phase)
+            out[key] = out.get(key, 0.0) + collective_seconds(r.op, r.total, tp, link, r.calls)
+        return out
+    one, two = seconds(1), seconds(2)
+    layer = {k: two[k] - one[k] for k in two}
+    edge = {k: one[k] - layer[k] for k in one}
+    forward, backward = layer.get(("rest", "forward"), 0.0), layer.get(("rest", "backward"), 0.0)
+    first = edge.get(("embedding", "forward"), 0.0) + edge.get(("embedding", "backward"), 0.0)
+    last = edge.get(("rest", "forward"), 0.0) + edge.get(("rest", "backward"), 0.0)   # head, loss, final norm
+    return forward, backward, first, last
+
+
+def tp_seconds(job, gpu: GPU, c, layers: int, first: bool, last: bool) -> float:
+    """TP collectives of one stage a step (module doc), full recomputation's forward rerun included."""
+    if c.tp == 1:
+        return 0.0
+    forward, backward, own_first, own_last = tp_parts(job.model, c.tp, job.seq // c.cp, c.micro_batch,
+                                                      job.precision, c.sp, c.micro_batches, link(gpu, c.tp, 1))
+    rerun = 2 if c.recompute == "full" else 1
+    return layers * (rerun * forward + backward) + first * own_first + last * own_last
+
+
+@cache
+def _causal_scores(seq: int, cp: int) -> int:
+    """Unmasked query-key scores of a rank's zig-zag share (one sequence, one head): rank 0's, which
+    context_parallel.attention_work counts for every rank, and the zig-zag makes all ranks' equal."""
+    check_split(seq, cp, "zigzag")
+    size = seq // (2 * cp)
+    return sum(pair_work(i, j, size) for i in chunks(cp, 0, "zigzag") for j in range(2 * cp))
+
+
+def cp_seconds_a_layer(job, gpu: GPU, c) -> float:
+    """Exposed ring-attention seconds of one layer a step (module doc)."""
+    model, e = job.model, ELEMENT_BYTES[job.precision]
+    ring = ring_bytes(c.micro_batch, job.seq, c.cp, model.kv_heads // c.tp, model.head_dim, e)
+    rerun = c.recompute != "none"
+    bandwidth, latency = p2p_link(gpu, c.cp, c.tp)
+    hops = (ring.total + rerun * ring.forward) / bandwidth + (1 + rerun) * (3 * (c.cp - 1) + 1) * latency
+    forward = 4 * model.head_dim * _causal_scores(job.seq, c.cp) * (model.heads // c.tp) * c.micro_batch
+    window = (3 + rerun) * forward / (gpu.peak(job.precision) * job.efficiency) if job.overlap else 0.0
+    return c.micro_batches * max(0.0, hops - window)
+
+
+def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
+    """Seconds of each of TERMS for one optimizer step of candidate c (module doc)."""
+    model, m = job.model, c.micro_batches
+    flops = _step_flops(model, job.seq, c.recompute)
+    layer_fwd = layer_forward_flops(model, job.seq)
+    head = 3 * (flops.forward - model.layers * layer_fwd)
+    layer = 3 * layer_fwd + flops.recompute / model.layers
+    per_flop = job.global_batch * job.seq * c.pp / (job.gpus * gpu.peak(job.precision) * job.efficiency)
+    cp_layer = cp_seconds_a_layer(job, gpu, c) if c.cp > 1 else 0.0
+    paced = {}
+    for name, (layers, first, last) in stages(model.layers, c.pp, heaviest).items():
+        compute = (layers * layer + last * head) * per_flop
+        paced[name] = (compute, tp_seconds(job, gpu, c, layers, first, last), layers * cp_layer, layers)
+    compute, tp, cp, layers = max(paced.values(), key=lambda t: t[0] + t[1] + t[2])
+
+    per_micro = compute / m if job.overlap else 0.0
+    backward_window = per_micro * (flops.backward + flops.recompute) / flops.total
+    forward_window = per_micro * flops.forward / flops.total
+    n, grads = c.dp * c.cp, BYTES[job.precision] * rank_params(setup)
+    dp = 0.0
+    if n > 1:   # one reduce-scatter or all-gather of pΨ, a layer at a time
+        ring = collective_seconds("reduce_scatter", grads, n, link(gpu, n, c.tp), calls=layers)
+        if c.zero == 0:
+            dp = max(0.0, 2 * ring - backward_window)
+        elif c.zero == 1:
+            dp = max(0.0, ring - backward_window) + ring
+        elif c.zero == 2:
+            dp = m * max(0.0, ring - backward_window) + ring
+        else:
+            dp = m * (max(0.0, ring - forward_window) + max(0.0, 2 * ring - backward_window))
+
+    pp = 0.0
+    if c.pp > 1:   # each micro-batch crosses the rank's v chunk boundaries, forward and backward
+        bandwidth, latency = p2p_link(gpu, c.pp, c.tp * c.cp * c.dp)
+        activation = c.micro_batch * (job.seq // c.cp) * model.hidden * ELEMENT_BYTES[job.precision] / c.tp
+        pp = 2 * m * c.virtual * (activation / bandwidth + latency)
+
+    bubble = 0.0
+    if c.pp > 1:
+        f = bubble_fraction(c.pp, m, c.virtual)
+        bubble = (compute + tp + pp + cp) * f / (1 - f)
+    return {"compute": compute, "bubble": bubble, "tp": tp, "dp": dp, "pp": pp, "cp": cp}
+
+
+_step_flops = cache(step_flops)
+
+
+@cache
+def in_flight_ratio(pp: int, m: int, v: int) -> float:
+    """Activations rank 0 holds under interleaved 1F1B against plain 1F1B's (pp micro-batches of a
+    stage): chunks in flight (pipeline.in_flight) of 1/v of a stage each, over pp. The peak comes at
+    the end of the warm-up, 2(pp-1) + (v-1)pp forwards: m beyond 4pp (4 pp v > that) changes nothing."""
+    return in_flight("interleaved", pp, min(m, 4 * pp), 0, v) / (pp * v)
