@@ -8,11 +8,12 @@
                                                                    its recorded run (new tolerance rules)
 
 Each lab runs through the real CLI, one after another (never two at once), with the lab's
-default settings and rank count: `plscale lab run LAB --variant V --cpu` (without --cpu for
---gpu). Datasets come from --data-dir / PLSCALE_DATA_DIR when set (the run records where its
-data came from, and the reference keeps that). The run directories stay under runs/references/
-(--runs-dir), so a reference can be traced to the run that made it. The tolerance of each
-figure: plscale/run/references.py.
+default settings and rank count: `plscale lab run LAB --variant V --cpu [--data-dir DIR]`
+(without --cpu for --gpu). Datasets come from --data-dir (default PLSCALE_DATA_DIR), passed to
+each lab that reads a dataset as `--data-dir DIR` in the command the reference records, so the
+command reproduces the reference's data; the run records what it read, and the reference keeps
+that too. The run directories stay under runs/references/ (--runs-dir), so a reference can be
+traced to the run that made it. The tolerance of each figure: plscale/run/references.py.
 """
 
 import argparse
@@ -48,10 +49,11 @@ def losses(run_dir: Path) -> list[float]:
 
 def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) -> Path | None:
     """One real run through the CLI; returns the reference.json it updated (None: the run failed)."""
-    argv = ["lab", "run", lab.id, "--variant", variant] + ([] if gpu else ["--cpu"])
-    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs_dir), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
-    if data_dir:
-        env["PLSCALE_DATA_DIR"] = data_dir
+    data_dir = data_dir if lab.data else None  # a lab without a dataset: no --data-dir in its command
+    argv = (["lab", "run", lab.id, "--variant", variant] + ([] if gpu else ["--cpu"])
+            + (["--data-dir", data_dir] if data_dir else []))
+    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs_dir), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+           "PLSCALE_DATA_DIR": ""}  # the data comes from the command, nowhere else
     before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
     print(f"== {lab.id} / {variant}: plscale {' '.join(argv)}", flush=True)
     start = time.perf_counter()
@@ -65,7 +67,7 @@ def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) 
         return None
     run_dir = new[0]
     command = "plscale " + " ".join(argv)
-    entry = references.entry_from_run(run_dir, command, wall, losses(run_dir))
+    entry = references.entry_from_run(run_dir, command, wall, losses(run_dir), data_dir)
     entry["run"] = run_dir.name
     system = entry["system"]
     device = (f"{entry['world_size']} x {system['gpu']} over {entry['backend']}" if system.get("gpu") else
@@ -79,8 +81,10 @@ def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) 
     return path
 
 
-def rederive(lab, runs_dir: Path) -> None:
-    """Rebuild a lab's entries from the run directories they name (same command and wall time)."""
+def rederive(lab, runs_dir: Path, data_dir: str | None) -> None:
+    """Rebuild a lab's entries from the run directories they name (same command and wall time).
+    An entry made before commands named their data folder gets `--data-dir DIR` added where its
+    run says it read its dataset from DIR (real data, DIR in the run's own data line)."""
     old = references.load(lab.folder) or {}
     for section in ("cpu", "gpu"):
         for entry in (old.get(section) or {}).values():
@@ -88,9 +92,16 @@ def rederive(lab, runs_dir: Path) -> None:
             if not (run_dir / "summary.json").is_file():
                 print(f"   {lab.id} / {entry['variant']}: {run_dir} is gone: kept as it was", flush=True)
                 continue
-            new = references.entry_from_run(run_dir, entry["command"], entry["wall_s"], losses(run_dir))
+            command, used = entry["command"], entry.get("data_dir")
+            summary = json.loads((run_dir / "summary.json").read_text())
+            if (used is None and data_dir and lab.data and summary.get("real_data")
+                    and data_dir in str(summary.get("data"))):
+                used = data_dir
+            if used and "--data-dir" not in command:
+                command += f" --data-dir {used}"
+            new = references.entry_from_run(run_dir, command, entry["wall_s"], losses(run_dir), used)
             new.update(run=entry["run"], measured=entry["measured"])
-            references.write(lab.folder, lab.id, new, old["note"])
+            references.write(lab.folder, lab.id, new, old["note"].replace(f"({entry['command']})", f"({command})"))
             print(f"   {lab.id} / {entry['variant']}: rebuilt from {run_dir.name}", flush=True)
 
 
@@ -114,7 +125,7 @@ def main() -> None:
     runs_dir = Path(args.runs_dir)
     if args.rederive:
         for lab in {lab.id: lab for lab, _ in jobs}.values():
-            rederive(lab, runs_dir)
+            rederive(lab, runs_dir, args.data_dir)
         return
     runs_dir.mkdir(parents=True, exist_ok=True)
     failed = [f"{lab.id}:{variant}" for lab, variant in jobs

@@ -27,3 +27,18 @@ def write_json(path: Path, data) -> None:
 
 def read_json(path: Path):
     return json.loads(Path(path).read_text())
+
+
+def read_json_object(path: Path, fix: str) -> dict:
+    """A JSON file that must hold an object; one line (UserError) naming the file and `fix`
+    when it is cut short (an interrupted copy) or holds something else."""
+    from plscale.errors import UserError
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON (cut short?): {fix}") from exc
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__}, not an object: {fix}")
+    return data

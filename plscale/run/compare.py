@@ -6,9 +6,10 @@ metrics.jsonl), so it works the same on runs fetched from a pod. What it finds:
   hardware from system.json and the data source from summary.json);
 - each figure beside the reference's (labs/NN_slug/reference.json, see
   plscale/run/references.py): ok, outside its tolerance, or "hardware" (a figure the machine
-  sets, on another system); for a run outside, the likely cause, first that applies:
-  a different data source, settings that differ from the reference's, a different system
-  (hardware, backend, world size, versions), else unexplained;
+  sets, on another system); for a run outside, the likely causes, every one that applies in
+  this order: a different data source, settings that differ from the reference's, a
+  different system (hardware, backend, versions); else unexplained. A run on another rank
+  count than the reference's has no reference (plscale/run/references.py);
 - its loss curves: metrics.jsonl rows with `step` and `loss`, one curve per combination of
   the row's text fields (`run`, `strategy`, `phase`, ...) where a lab logs several.
 """
@@ -18,14 +19,29 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plscale.errors import UserError
-from plscale.files import read_json
+from plscale.errors import UserError, did_you_mean
+from plscale.files import read_json_object
 from plscale.run import references
+from plscale.run.rundir import runs_root
 from plscale.run.settings import flatten
 
 NODE_COPY = re.compile(r"node-(\d+)")
 PATH = re.compile(r"[~/][^\s;,)]*")
 SHOWN_DIFFERENCES = 4  # settings named in a cause before "and N more"
+SHOWN_RUNS = 3         # runs named when a folder of runs is given instead of a run
+DAMAGED = "fetch it again or re-run the lab."
+
+
+class Missing:
+    """A setting one run has and another lacks (runs of different labs): shown as '-'."""
+
+    def __str__(self) -> str:
+        return "-"
+
+    __repr__ = __str__
+
+
+MISSING = Missing()
 
 
 @dataclass
@@ -45,16 +61,33 @@ class Run:
         return self.settings.get("variant", "?")
 
 
+def resolve(path: Path) -> Path:
+    """A run as given, else a bare run name under the runs directory (PLSCALE_RUNS_DIR, else runs/)."""
+    path = Path(path)
+    if not path.exists() and not path.is_absolute() and (runs_root() / path).is_dir():
+        return runs_root() / path
+    return path
+
+
+def runs_inside(folder: Path) -> list[Path]:
+    """The run directories directly inside a folder, oldest first (their names start with the time)."""
+    return sorted(p for p in folder.iterdir() if (p / "settings.json").is_file()) if folder.is_dir() else []
+
+
 def load_run(path: Path, label: str = "", need_summary: bool = True) -> Run:
     """A run directory's files; one line naming what is missing when it is not a finished run."""
-    path = Path(path)
+    path = resolve(path)
     if not path.is_dir():
-        what = "it is a file" if path.exists() else "it does not exist"
-        raise UserError(f"{path} is not a run directory: {what}. Runs are the folders under runs/ (ls runs/).")
+        if path.exists():
+            raise UserError(f"{path} is not a run directory: it is a file. Give the folder that holds it.")
+        root = runs_root()
+        close = did_you_mean(path.name, [p.name for p in runs_inside(root)])
+        raise UserError(f"{path} is not a run directory: it does not exist. Runs are the folders under "
+                        f"{root}/ (ls {root}).{close}")
     if not (path / "settings.json").is_file():
-        inside = sorted(p.name for p in path.iterdir() if (p / "settings.json").is_file())
-        hint = (f" It holds {len(inside)} runs (the newest: {path / inside[-1]}): give one of them." if inside
-                else " Give a folder `plscale lab run` made, under runs/.")
+        inside = runs_inside(path)
+        hint = (f" It holds {_runs(len(inside))} (the newest: {inside[-1]}): give one of them." if inside
+                else f" Give a folder `plscale lab run` made, under {runs_root()}/.")
         raise UserError(f"{path} is not a run directory: it has no settings.json, which every run writes first.{hint}")
     summary_path = path / "summary.json"
     if need_summary and not summary_path.is_file():
@@ -64,16 +97,26 @@ def load_run(path: Path, label: str = "", need_summary: bool = True) -> Run:
                             f"directory holds it ({path.parent.parent / path.name} once fetched: plscale runpod fetch).")
         raise UserError(f"{path} has no summary.json: the run did not finish (or is still running). "
                         f"See {path / 'rank_0.log'}.")
-    system = read_json(path / "system.json") if (path / "system.json").is_file() else {}
-    summary = read_json(summary_path) if summary_path.is_file() else None
-    return Run(path, label, read_json(path / "settings.json"), system, summary)
+    settings = read_json_object(path / "settings.json", DAMAGED)
+    system = read_json_object(path / "system.json", DAMAGED) if (path / "system.json").is_file() else {}
+    summary = read_json_object(summary_path, DAMAGED) if summary_path.is_file() else None
+    return Run(path, label, settings, system, summary)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def load_runs(paths: list[Path], force: bool = False) -> list[Run]:
     """Runs labelled A, B, C...; runs of different labs only with force."""
+    if len(paths) == 1 and not (resolve(paths[0]) / "settings.json").is_file() and runs_inside(resolve(paths[0])):
+        inside = runs_inside(resolve(paths[0]))[-SHOWN_RUNS:]
+        raise UserError(f"--compare needs 2 or more runs: {resolve(paths[0])} is a folder of runs, give the runs "
+                        f"inside it, e.g. plscale report --compare {' '.join(str(p) for p in inside)}")
     if len(paths) < 2:
+        root = runs_root()
         raise UserError(f"--compare needs 2 or more runs, got {len(paths)}: e.g. plscale report --compare "
-                        f"runs/RUN_A runs/RUN_B.")
+                        f"{root}/RUN_A {root}/RUN_B.")
     runs = [load_run(p, _label(i)) for i, p in enumerate(paths)]
     lab_names = sorted({r.lab for r in runs})
     if len(lab_names) > 1 and not force:
@@ -95,22 +138,26 @@ def hardware(system: dict) -> str:
     return f"{device} on {system.get('host', '?')}"
 
 
+def world_size(run: Run):
+    return (run.summary or {}).get("world_size", run.system.get("world_size"))
+
+
 def setting_values(run: Run) -> dict:
     """Everything a comparison looks at, as flat key -> value."""
     values = {"lab": run.lab, "variant": run.variant, "ds_config": run.settings.get("ds_config")}
     values.update(flatten(run.settings.get("settings") or {}))
     summary = run.summary or {}
-    values.update({"world_size": summary.get("world_size", run.system.get("world_size")),
-                   "backend": summary.get("backend", run.system.get("backend")),
+    values.update({"world_size": world_size(run), "backend": summary.get("backend", run.system.get("backend")),
                    "hardware": hardware(run.system), "data": summary.get("data")})
     return values
 
 
 def differing(runs: list[Run]) -> list[tuple[str, list]]:
-    """(key, value in each run) for every key whose values are not all the same."""
+    """(key, value in each run: MISSING where that run has no such setting) for every key
+    whose values are not all the same."""
     values = [setting_values(r) for r in runs]
     keys = list(dict.fromkeys(k for v in values for k in v))
-    rows = [(k, [v.get(k) for v in values]) for k in keys]
+    rows = [(k, [v.get(k, MISSING) for v in values]) for k in keys]
     return [(k, vals) for k, vals in rows if any(json.dumps(x, default=str) != json.dumps(vals[0], default=str)
                                                  for x in vals)]
 
@@ -135,12 +182,16 @@ class Judgement:
     entry: dict | None
     note: str = ""
     flags: dict = field(default_factory=dict)   # figure name -> (flag, reference figure)
-    cause: str = ""                             # why figures are outside, when any are
+    causes: list = field(default_factory=list)  # why figures are outside, when any are
     system: str = ""                            # how the system differs, when it does
 
     @property
     def outside(self) -> list[str]:
         return [name for name, (flag, _) in self.flags.items() if flag == "outside"]
+
+    @property
+    def cause(self) -> str:
+        return "; also ".join(self.causes)
 
 
 def judge(run: Run) -> Judgement:
@@ -150,7 +201,7 @@ def judge(run: Run) -> Judgement:
         lab, _ = find(run.lab)
     except UserError:
         return Judgement(None, f"lab {run.lab!r} is not among this checkout's labs: no reference")
-    entry, note = references.entry_for(references.load(lab.folder), run.variant, run.system)
+    entry, note = references.entry_for(references.load(lab.folder), run.variant, run.system, world_size(run))
     if entry is None:
         return Judgement(None, note)
     system = system_differences(run, entry)
@@ -163,25 +214,27 @@ def judge(run: Run) -> Judgement:
             flags[fig["name"]] = ("ok" if ok else "hardware" if r.get("hardware") and system else "outside", r)
     judgement = Judgement(entry, note, flags, system="; ".join(system))
     if judgement.outside:
-        judgement.cause = likely_cause(run, entry, system)
+        judgement.causes = likely_causes(run, entry, system)
     return judgement
 
 
-def likely_cause(run: Run, entry: dict, system: list[str]) -> str:
-    """The first that applies: data source, settings, system; else unexplained."""
+def likely_causes(run: Run, entry: dict, system: list[str]) -> list[str]:
+    """Every cause that applies, in this order: data source, settings, system; else unexplained."""
     summary = run.summary or {}
+    causes = []
     if _data_kind(summary.get("data")) != _data_kind(entry.get("data")) or summary.get("real_data") != entry.get(
             "real_data"):
-        return f"different data source: this run used {summary.get('data')!r}, the reference {entry.get('data')!r}"
+        causes.append(f"different data source: this run used {summary.get('data')!r}, "
+                      f"the reference {entry.get('data')!r}")
     mine, theirs = flatten(run.settings.get("settings") or {}), flatten(entry.get("settings") or {})
     changed = [f"{k} {mine.get(k, '(unset)')} (reference {theirs.get(k, '(unset)')})"
                for k in dict.fromkeys([*mine, *theirs]) if mine.get(k) != theirs.get(k)]
     if changed:
         more = f" and {len(changed) - SHOWN_DIFFERENCES} more" if len(changed) > SHOWN_DIFFERENCES else ""
-        return f"settings differ from the reference's: {', '.join(changed[:SHOWN_DIFFERENCES])}{more}"
+        causes.append(f"settings differ from the reference's: {', '.join(changed[:SHOWN_DIFFERENCES])}{more}")
     if system:
-        return f"a different system: {'; '.join(system)}"
-    return f"unexplained: look at {run.path / 'rank_0.log'}"
+        causes.append(f"a different system: {'; '.join(system)}")
+    return causes or [f"unexplained: look at {run.path / 'rank_0.log'}"]
 
 
 def _data_kind(text) -> str:
@@ -193,8 +246,7 @@ def system_differences(run: Run, entry: dict) -> list[str]:
     """What differs from the reference's machine: world size, backend, hardware, versions."""
     summary = run.summary or {}
     out = []
-    for name, mine, theirs in (("world size", summary.get("world_size", run.system.get("world_size")),
-                                entry.get("world_size")),
+    for name, mine, theirs in (("world size", world_size(run), entry.get("world_size")),
                                ("backend", summary.get("backend", run.system.get("backend")), entry.get("backend"))):
         if mine != theirs:
             out.append(f"{name} {mine} (reference {theirs})")

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from plscale.errors import UserError
-from plscale.files import read_json
+from plscale.files import read_json_object
 
 FLAG_STYLE = {"ok": "green", "outside": "bold red", "hardware": "yellow"}
 
@@ -49,8 +49,10 @@ def show(run_dir: Path, console: Console, reference: bool = False) -> None:
         raise UserError(f"{run_dir} has no summary.json: the run did not finish. See its rank_0.log.")
     if reference:
         from plscale.run.compare import judge, load_run
-        judgement = judge(load_run(run_dir))
-    summary = read_json(path)
+        run = load_run(run_dir)
+        judgement, summary = judge(run), run.summary
+    else:
+        summary = read_json_object(path, "the run's summary is damaged: run the lab again.")
     console.print(summary_table(summary, judgement if reference else None))
     data = summary.get("data")
     if data:
@@ -69,25 +71,30 @@ def reference_lines(judgement, label: str = "") -> list[str]:
     entry = judgement.entry
     if entry is None:
         return [f"{who}reference: none ({escape(judgement.note)})"]
-    system = entry.get("system") or {}
-    lines = [f"{who}reference: {escape(entry.get('command', '?'))}, measured {entry.get('measured', '?')} on "
-             f"{escape(_machine(system))}, {entry.get('world_size')} ranks over {entry.get('backend')}"
-             + (f" ({escape(judgement.note)})" if judgement.note else "")]
+    lines = [*entry_lines(entry, who)] + ([f"{who}({escape(judgement.note)})"] if judgement.note else [])
     counts = {w: sum(f == w for f, _ in judgement.flags.values()) for w in FLAG_STYLE}
     lines.append(f"{who}vs reference: {counts['ok']} ok, {counts['outside']} outside, {counts['hardware']} hardware"
                  f" (of {len(judgement.flags)} figures with a reference value)")
     if judgement.outside:
-        lines.append(f"{who}[bold red]outside[/]: {escape(', '.join(judgement.outside))}; "
-                     f"likely cause: {escape(judgement.cause)}")
+        lines.append(f"{who}[bold red]outside[/]: {escape(', '.join(judgement.outside))}; likely "
+                     f"cause{'s' if len(judgement.causes) > 1 else ''}: {escape(judgement.cause)}")
     if counts["hardware"]:
         lines.append(f"{who}[yellow]hardware[/]: another system ({escape(judgement.system)}): times and rates "
                      f"are not comparable with the reference's machine")
     return lines
 
 
-def _machine(system: dict) -> str:
+def entry_lines(entry: dict, who: str = "", title: str = "reference") -> list[str]:
+    """A reference entry's command, machine and data source: what reproduces it."""
     from plscale.run.compare import hardware
-    return hardware(system)
+
+    data = entry.get("data")
+    source = ("no dataset" if not data else f"{data} (real data: a run on synthetic or fallback data will not "
+              f"match its losses and accuracy)" if entry.get("real_data") else str(data))
+    where = (f"{who}{title}: {escape(entry.get('command', '?'))}, measured {entry.get('measured', '?')} on "
+             f"{escape(hardware(entry.get('system') or {}))}, {entry.get('world_size')} ranks over "
+             f"{entry.get('backend')}")
+    return [where, f"{who}{title} data: {escape(source)}"]
 
 
 def compare(runs: list, console: Console, plot: Path | None) -> None:
@@ -100,10 +107,12 @@ def compare(runs: list, console: Console, plot: Path | None) -> None:
         state = "passed" if passed else "FAILED" if passed is False else "?"
         console.print(f"[bold]{run.label}[/]: {escape(str(run.path))} ({escape(run.lab)} / {escape(run.variant)}, "
                       f"{state})", highlight=False)
+    for line in same_directories(runs):
+        console.print(line, highlight=False)
     labels = [r.label for r in runs]
     diff = Table("setting", *labels, title="settings that differ", title_justify="left")
     for key, values in differing(runs):
-        diff.add_row(escape(key), *(escape(fmt(v)) for v in values))
+        diff.add_row(escape(key), *("-" if v is None else escape(fmt(v)) for v in values))
     console.print(diff if diff.row_count else "settings: the same in every run")
 
     judgements = [judge(r) for r in runs]
@@ -127,29 +136,62 @@ def compare(runs: list, console: Console, plot: Path | None) -> None:
     for name, oks in check_rows(runs):
         checks.add_row(escape(name), *(words[ok] for ok in oks))
     console.print(checks if checks.row_count else "checks: none recorded")
+    for label, j in zip(ref_labels, entries):
+        for line in entry_lines(j.entry, title=label):
+            console.print(line, highlight=False, soft_wrap=True)
     for run, j in zip(runs, judgements):
-        for line in reference_lines(j, run.label)[1 if j.entry else 0:]:
+        for line in reference_lines(j, run.label)[2 if j.entry else 0:]:
             console.print(line, highlight=False, soft_wrap=True)
     if plot is not None:
-        written = plot_curves(runs, plot)
-        console.print(f"loss curves: {plot}" if written else "loss curves: none (no step/loss rows in metrics.jsonl)")
+        for line in plot_curves(runs, plot):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
-def plot_curves(runs: list, path: Path) -> bool:
-    """Every run's loss curves in one PNG: a colour per run, a line style per series. False: none to plot."""
-    from plscale.plots import line_plot
+def same_directories(runs: list) -> list[str]:
+    """A note for each run given twice (a comparison with itself)."""
+    seen: dict = {}
+    for run in runs:
+        seen.setdefault(run.path.resolve(), []).append(run.label)
+    return [f"note: {' and '.join(labels)} are the same run directory" for labels in seen.values() if len(labels) > 1]
+
+
+def plot_curves(runs: list, path: Path) -> list[str]:
+    """Every run's loss curves in one PNG: a colour per run, a line style per series. Returns
+    the lines to print: the PNG's path, and each run without a loss curve."""
     from plscale.run.compare import curves, differing
 
     shown = [(k, vals) for k, vals in differing(runs) if k not in ("hardware", "data")][:2] if len(runs) > 1 else []
-    lines, styles = {}, {}
+    lines, styles, said = {}, {}, []
     for i, run in enumerate(runs):
         names = ", ".join(f"{k}={fmt(vals[i])}" for k, vals in shown) or run.variant
-        for j, (series, xy) in enumerate(curves(run).items()):
+        found = curves(run)
+        if not found:
+            why = "no metrics.jsonl" if not (run.path / "metrics.jsonl").is_file() else "no step/loss rows in metrics.jsonl"
+            said.append(f"no loss curve in {run.path} ({why})")
+        for j, (series, xy) in enumerate(found.items()):
             label = f"{run.label}: {names}" + (f", {series}" if series else "")
             lines[label] = xy
             styles[label] = f"C{i % 10}" + ("-", "--", ":", "-.")[j % 4]
     if not lines:
-        return False
-    title = "loss: " + ", ".join(dict.fromkeys(r.lab for r in runs))
-    line_plot(path, lines, title, styles=styles)
-    return True
+        return [*said, "loss curves: none to plot"]
+    loss_plot(path, lines, "loss: " + ", ".join(dict.fromkeys(r.lab for r in runs)), styles)
+    return [*said, f"loss curves: {path}"]
+
+
+def loss_plot(path: Path, curves: dict, title: str, styles: dict) -> None:
+    """curves: label -> (steps, losses) on one axis; whole steps on the x axis."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (xs, ys) in curves.items():
+        ax.plot(xs, ys, styles.get(label, "-"), label=label, linewidth=1.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(title=title, xlabel="step", ylabel="loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
