@@ -5,14 +5,17 @@ from pathlib import Path
 
 def line_plot(path: Path, curves: dict, title: str, xlabel: str = "step", ylabel: str = "loss",
               styles: dict | None = None) -> None:
-    """curves: label -> (xs, ys)."""
+    """curves: label -> (xs, ys); steps on the x axis are whole numbers."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, (xs, ys) in curves.items():
         ax.plot(xs, ys, (styles or {}).get(label, "-"), label=label, linewidth=1.5)
+    if xlabel == "step":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

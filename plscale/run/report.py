@@ -158,6 +158,7 @@ def same_directories(runs: list) -> list[str]:
 def plot_curves(runs: list, path: Path) -> list[str]:
     """Every run's loss curves in one PNG: a colour per run, a line style per series. Returns
     the lines to print: the PNG's path, and each run without a loss curve."""
+    from plscale.plots import line_plot
     from plscale.run.compare import curves, differing
 
     shown = [(k, vals) for k, vals in differing(runs) if k not in ("hardware", "data")][:2] if len(runs) > 1 else []
@@ -174,24 +175,5 @@ def plot_curves(runs: list, path: Path) -> list[str]:
             styles[label] = f"C{i % 10}" + ("-", "--", ":", "-.")[j % 4]
     if not lines:
         return [*said, "loss curves: none to plot"]
-    loss_plot(path, lines, "loss: " + ", ".join(dict.fromkeys(r.lab for r in runs)), styles)
+    line_plot(path, lines, "loss: " + ", ".join(dict.fromkeys(r.lab for r in runs)), styles=styles)
     return [*said, f"loss curves: {path}"]
-
-
-def loss_plot(path: Path, curves: dict, title: str, styles: dict) -> None:
-    """curves: label -> (steps, losses) on one axis; whole steps on the x axis."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, (xs, ys) in curves.items():
-        ax.plot(xs, ys, styles.get(label, "-"), label=label, linewidth=1.5)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(title=title, xlabel="step", ylabel="loss")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
