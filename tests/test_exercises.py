@@ -56,15 +56,39 @@ WRONG = {
         {"stage 1: the optimizer states partitioned over the data-parallel ranks"},
         {"stage 0: every rank holds all three for all of its parameters", "stage 2: the gradients partitioned too"}),
 }
+# More mistakes, checked like WRONG: (label, exercise, old line, new line, checks that fail, checks that pass).
+MORE_WRONG = [
+    ("in-place", "tp-column", "        return _summed(grad)",        # f all-reduces autograd's own tensor
+     "        dist.all_reduce(grad)\n        return grad",
+     {"f backward: the gradient summed over the ranks"},
+     {"f forward: identity (same values, same shape)", "column layer forward: this rank's slice of the whole layer's output"}),
+    ("imported", "ring-allreduce", "    n, rank = dist.get_world_size(), dist.get_rank()\n",   # torch's collective,
+     "    all_reduce(tensor)\n    return\n", # reached through a name imported from torch.distributed
+     {"point-to-point only: no collective of torch.distributed", "messages: 2(N-1) calls to exchange per rank"},
+     {"sums in place: the tensor passed in holds torch's all_reduce result"}),
+]
 # a ring whose ranks all receive before they send: every rank waits forever
 DEADLOCK = ("        exchange(chunks[out], right, arrived, left)",
             "        dist.recv(arrived, left)\n        dist.send(chunks[out], right)")
+# a ring whose receive buffer has the wrong chunk's size: the same size on 2 ranks, and on 3 ranks
+# gloo aborts the receiving rank when a message does not fit ("any size" has uneven chunks)
+CRASH = ("        arrived = torch.empty_like(chunks[into])",
+         "        arrived = torch.empty_like(chunks[(rank - step + 1) % n])")
+# files the checks cannot run (zero-memory: one process each)
+ZERO_MEMORY = find("zero-memory").solution.read_text()
+BROKEN = {"exits": "import sys\nsys.exit(3)\n" + ZERO_MEMORY,
+          "lacks": ZERO_MEMORY.replace("def zero_memory(", "def zero_mem("),
+          # a TimeoutError of the student's own: an error, not a deadlock (the checks go on)
+          "times-out": ZERO_MEMORY.replace('    psi, p = params', '    raise TimeoutError("timed out")\n    psi, p = params')}
 
 
 def _mutate(name: str, old: str, new: str, folder: Path, label: str = "wrong") -> Path:
     text = find(name).solution.read_text()
     assert text.count(old) == 1, f"{name}: the solution changed, update WRONG: {old!r}"
     path = folder / f"{label}-{name}.py"
+    if label == "imported":
+        text = text.replace("import torch.distributed as dist\n", "import torch.distributed as dist\n"
+                            "from torch.distributed import all_reduce\n")
     path.write_text(text.replace(old, new))
     return path
 
@@ -75,7 +99,12 @@ def batch(tmp_path_factory):
     jobs = [("solution", e, e.solution) for e in EXERCISES.values()]
     jobs += [("skeleton", e, e.skeleton) for e in EXERCISES.values()]
     jobs += [("wrong", find(n), _mutate(n, old, new, folder)) for n, (old, new, _, _) in WRONG.items()]
+    jobs += [(label, find(n), _mutate(n, old, new, folder, label)) for label, n, old, new, _, _ in MORE_WRONG]
+    for label, text in BROKEN.items():
+        (folder / f"{label}.py").write_text(text)
+        jobs += [(label, find("zero-memory"), folder / f"{label}.py")]
     jobs += [("deadlock", find("ring-allreduce"), _mutate("ring-allreduce", *DEADLOCK, folder, "deadlock"))]
+    jobs += [("crash", find("ring-allreduce"), _mutate("ring-allreduce", *CRASH, folder, "crash"))]  # last: it stops the ranks
     results = run_checks([(e, f) for _, e, f in jobs], timeout=150, op_timeout=8)
     return {(kind, e.name): r for (kind, e, _), r in zip(jobs, results)}
 
@@ -120,6 +149,46 @@ def test_a_wrong_solution_fails_the_property_it_breaks_with_a_hint(batch, name):
     assert not leaked  # hints and details are prose: no line of the reference solution
 
 
+@pytest.mark.parametrize("label", [case[0] for case in MORE_WRONG])
+def test_more_mistakes_fail_their_property(batch, label):
+    _, name, _, _, must_fail, must_pass = next(case for case in MORE_WRONG if case[0] == label)
+    result = batch[(label, name)]
+    failed = {c.name: c for c in result.checks if not c.passed}
+    assert must_fail <= set(failed) and must_pass.isdisjoint(failed), set(failed)
+    assert all(failed[n].status == "fail" and failed[n].hint for n in must_fail)
+    if label == "in-place":
+        assert "changed in place" in failed[next(iter(must_fail))].detail
+    else:
+        assert "called dist.all_reduce" in failed["point-to-point only: no collective of torch.distributed"].detail
+
+
+def test_a_check_passes_only_on_every_rank_count_and_a_crash_names_where(batch):
+    result = batch[("crash", "ring-allreduce")]
+    assert not result.passed and not any(c.passed for c in result.checks)
+    assert 'crashed in check "any size' in result.problem and "on 3 ranks" in result.problem
+    assert "a receive buffer's size differs from what the neighbour sent" in result.problem
+    checks = {c.name: c for c in result.checks}
+    crashed = checks["any size: 10 and 3 elements (chunks of different sizes, some empty) and a 3 x 5 matrix"]
+    assert crashed.status == "crashed" and crashed.detail.startswith("3 ranks, rank ") and crashed.hint
+    first = checks["sums in place: the tensor passed in holds torch's all_reduce result"]
+    assert first.status == "not run" and first.detail.startswith("passed on 2, 3 ranks; not run on 4 ranks")
+    later = checks["messages: 2(N-1) calls to exchange per rank"]
+    assert later.status == "not run" and later.detail.startswith("passed on 2 ranks; not run on 3, 4 ranks")
+
+
+def test_a_file_that_cannot_be_checked_says_why_once(batch):
+    exits, lacks = batch[("exits", "zero-memory")], batch[("lacks", "zero-memory")]
+    assert exits.problem.startswith("your file exited while being imported (exit code 3)") and not exits.checks
+    assert lacks.problem.startswith("your file defines no `zero_memory`") and not lacks.checks
+    assert not exits.passed and not lacks.passed
+
+
+def test_a_timeout_error_of_the_students_own_is_no_deadlock(batch):
+    result = batch[("times-out", "zero-memory")]
+    statuses = {c.status for c in result.checks}
+    assert "hung" not in statuses and "skipped" not in statuses and "error" in statuses, statuses
+
+
 def test_wrong_ring_reports_where_it_failed(batch):
     counted = {c.name: c for c in batch[("wrong", "ring-allreduce")].checks}["messages: 2(N-1) calls to exchange per rank"]
     assert counted.detail == "2 ranks, rank 0: 1 call to exchange on a ring of 2 ranks"
@@ -142,6 +211,8 @@ def test_cli_start_check_fails_then_passes(tmp_path):
     started = run_cli("exercise", "start", "zero-memory", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     mine = tmp_path / "exercises" / "zero-memory.py"
+    lesson = next(line for line in started.stdout.splitlines() if line.startswith("lesson: "))
+    assert Path(lesson.removeprefix("lesson: ")).is_absolute() and Path(lesson.removeprefix("lesson: ")).is_file()
     assert mine.read_text() == find("zero-memory").skeleton.read_text()
 
     failing = run_cli("exercise", "check", "zero-memory", cwd=tmp_path, timeout=120)
@@ -152,6 +223,11 @@ def test_cli_start_check_fails_then_passes(tmp_path):
     passing = run_cli("exercise", "check", "zero-memory", cwd=tmp_path, timeout=120)
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "All 6 checks pass" in passing.stdout and "FAIL" not in passing.stdout
+
+    (tmp_path / "quits.py").write_text("import os\nos._exit(0)\n")  # dies at import: no result line
+    quits = run_cli("exercise", "check", "zero-memory", "--file", str(tmp_path / "quits.py"), cwd=tmp_path, timeout=120)
+    assert quits.returncode == 1 and "your file exited while being imported (exit code 0)" in quits.stdout, quits.stdout
+    assert "0 of 0" not in quits.stdout
 
     listed = run_cli("exercise", "list", cwd=tmp_path)
     row = next(line for line in listed.stdout.splitlines() if "zero-memory" in line)

@@ -12,12 +12,22 @@ from rich.table import Table
 from plscale.cli.output import Progress, console
 from plscale.errors import UserError
 from plscale.exercises import EXERCISES, find, progress
+from plscale.run.labs import labs_root
 
 app = typer.Typer(help="Exercises: write a strategy's core yourself; hidden checks on CPU ranks grade it.",
                   no_args_is_help=True)
 
 DEFAULT_DIR = Path("exercises")
 STATUS_STYLE = {"not started": "dim", "started": "yellow", "failing": "red", "passing": "green"}
+
+
+def _shown(path: Path) -> Path:
+    """`path` as the student can open it from here: relative to the cwd when inside it, else absolute."""
+    path = path.resolve()
+    try:
+        return path.relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path
 
 
 def _folder(folder: Path) -> Path:
@@ -58,7 +68,7 @@ def start(name: Annotated[str, typer.Argument(help="The exercise (plscale exerci
     console.print(f"[bold]{exercise.name}[/]: {escape(exercise.topic)}")
     console.print(f"wrote {escape(str(target))}: the task is its docstring; replace each TODO "
                   f"(raise NotImplementedError) with your code.")
-    console.print(f"lesson: labs/{exercise.lab}/README.md")
+    console.print(f"lesson: {escape(str(_shown(labs_root() / exercise.lab / 'README.md')))}")
     check = f"plscale exercise check {exercise.name}" + (f" --dir {folder}" if folder != DEFAULT_DIR else "")
     console.print(f"grade it: {escape(check)}")
 
@@ -88,8 +98,12 @@ def check(name: Annotated[str, typer.Argument(help="The exercise (plscale exerci
     *first, last = map(str, exercise.worlds)
     where = "1 CPU process" if exercise.worlds == (1,) else f"{', '.join(first)} and {last} CPU ranks (gloo)"
     console.print(f"[bold]{exercise.name}[/]: checking {escape(str(file))} on {where}")
-    with Progress() as show:
-        result = run_checks([(exercise, file)], timeout=timeout, progress=show)[0]
+    try:
+        with Progress() as show:
+            result = run_checks([(exercise, file)], timeout=timeout, progress=show)[0]
+    except KeyboardInterrupt:  # the ranks are already stopped (run_checks kills them on the way out)
+        console.print("[yellow]stopped (Ctrl-C)[/]: no check result recorded.")
+        raise typer.Exit(130) from None
     show_result(result)
     progress.record(exercise, file, result.passed)
     if not result.passed:
@@ -97,26 +111,30 @@ def check(name: Annotated[str, typer.Argument(help="The exercise (plscale exerci
 
 
 def show_result(result) -> None:
-    """Each check as pass / FAIL / TODO, a failure's detail and hint; then the count."""
+    """Each check as pass / FAIL / TODO / skip (not run), a failure's detail and hint; then the count."""
     for c in result.checks:
         if c.passed:
             console.print(f"  [green]pass[/]  {escape(c.name)}", highlight=False)
-            continue
-        if c.status == "skipped":
+        elif c.status == "skipped":
             console.print(f"  [dim]skip  {escape(c.name)}[/]", highlight=False)
-            continue
-        if c.status == "todo":
+        elif c.status == "not run":
+            console.print(f"  [yellow]skip[/]  {escape(c.name)}: [yellow]{escape(c.detail)}[/]", highlight=False,
+                          soft_wrap=True)
+        elif c.status == "todo":
             console.print(f"  [yellow]TODO[/]  {escape(c.name)}: [yellow]{escape(c.detail)}[/]", highlight=False)
-            continue
-        console.print(f"  [bold red]FAIL[/]  {escape(c.name)}", highlight=False)
-        console.print(f"        {escape(c.detail)}", highlight=False, soft_wrap=True)
-        if c.hint:
-            console.print(f"        [dim]hint:[/] {escape(c.hint)}", highlight=False, soft_wrap=True)
+        else:
+            console.print(f"  [bold red]FAIL[/]  {escape(c.name)}", highlight=False)
+            console.print(f"        {escape(c.detail)}", highlight=False, soft_wrap=True)
+            if c.hint:
+                console.print(f"        [dim]hint:[/] {escape(c.hint)}", highlight=False, soft_wrap=True)
     if result.problem:
         console.print(f"[bold red]stopped:[/] {escape(result.problem)}", highlight=False, soft_wrap=True)
     passed = sum(c.passed for c in result.checks)
-    if result.problem:
-        console.print("Fix what stopped the run, then check again.")
+    if result.problem and not result.checks:
+        console.print("No check ran: fix that, then check again.")
+    elif result.problem:
+        console.print(f"{passed} of {len(result.checks)} checks pass on every rank count: fix what stopped the run, "
+                      f"then check again.")
     elif result.passed:
         console.print(f"[bold green]All {passed} checks pass[/]: {result.exercise.name} is done.")
     elif result.not_implemented and passed == 0:

@@ -8,15 +8,19 @@ OUT/rank<R>.jsonl as soon as it is known (so a host that kills a hung rank knows
 After each check the ranks agree through the store, not the group (a group may be broken):
 when a rank raised (not a clean FAIL), they rebuild the group under fresh store keys, so no
 message left in flight reaches the next check; when a rank timed out waiting for a message
-(a deadlock), the checks left of that job are skipped.
+(a deadlock), the checks left of that job are skipped. A file that cannot be checked (it
+raises or exits while being imported, or lacks a function of the skeleton) is one `problem`
+record, and the job stops there.
 """
 
+import ast
 import importlib
 import importlib.util
 import json
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,23 +57,51 @@ def barrier(store, key: str, ranks: int) -> None:
 
 def check_job(j: int, job: dict, rank: int, ranks: int, store, op_timeout: float, out: Out) -> None:
     checks = importlib.import_module(f"plscale.exercises.{job['package']}.checks").CHECKS
-    hung = False
+    out.write(job=j, checks=[c.name for c in checks], hints=[c.hint for c in checks])
+    stop = False
     for world in job["worlds"]:
-        if rank < world and not hung:  # after a deadlock the job's larger rank counts are not tried
-            hung = check_world(j, job, world, checks, rank, store, op_timeout, out)
+        # after a deadlock or a broken file the larger rank counts are not tried
+        if rank < world and not stop and check_world(j, job, world, checks, rank, store, op_timeout, out):
+            store.add(f"stop/job{j}", 1)
         barrier(store, f"done/job{j}/world{world}", ranks)  # the ranks above `world` wait here
-        hung = bool(int(store.add(f"hung/job{j}", 0)))
+        stop = bool(int(store.add(f"stop/job{j}", 0)))
+
+
+def required(skeleton: str) -> list[str]:
+    """What the checks call: the functions and classes the skeleton defines at its top level."""
+    tree = ast.parse(Path(skeleton).read_text())
+    return [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+
+
+def load(job: dict, name: str):
+    """(the student's module, '') or (None, what keeps the checks from running it, in one line)."""
+    try:
+        student = load_student(job["file"], name)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) or exc.code is None else 1
+        return None, f"your file exited while being imported (exit code {code or 0}): take the exit out of it"
+    except Exception as exc:  # noqa: BLE001  (any error in the student's file; every rank fails alike)
+        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        line = next((f" at line {f.lineno}" for f in reversed(traceback.extract_tb(exc.__traceback__))
+                     if Path(f.filename).resolve() == Path(job["file"])), "")
+        return None, (f"your file raised {type(exc).__name__} while being imported{line}: {message} "
+                      f"(run `python {job['file']}` to see the whole error)")
+    missing = [f"`{n}`" for n in required(job["skeleton"]) if not hasattr(student, n)]
+    if missing:
+        return None, (f"your file defines no {', no '.join(missing)}: the checks call "
+                      f"{'it' if len(missing) == 1 else 'them'}; keep the names the skeleton gives")
+    return student, ""
 
 
 def check_world(j: int, job: dict, world: int, checks, rank: int, store, op_timeout: float, out: Out) -> bool:
-    """The checks of one job on `world` ranks (this rank one of them); True when they deadlocked."""
-    try:
-        student = load_student(job["file"], f"plscale_student_{j}_{world}")
-    except Exception as exc:  # noqa: BLE001  (any error in the student's file; every rank fails alike)
-        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        out.write(job=j, world=world, name="the file imports", status=ERROR,
-                  detail=f"{type(exc).__name__}: {message}", hint=f"run `python {job['file']}` to see the whole error")
-        return False
+    """The checks of one job on `world` ranks (this rank one of them); True when the job must
+    stop: the checks deadlocked, or the file cannot be checked (every rank finds that alike)."""
+    out.write(job=j, world=world, importing=True)
+    student, problem = load(job, f"plscale_student_{j}_{world}")
+    if problem:
+        out.write(job=j, world=world, problem=problem)
+        return True
+    out.write(job=j, world=world, imported=True)
     generation = 0
 
     def join():
@@ -90,7 +122,6 @@ def check_world(j: int, job: dict, world: int, checks, rank: int, store, op_time
             for later in checks[i + 1:]:
                 out.write(job=j, world=world, name=later.name, status="skipped",
                           detail="skipped: an earlier check deadlocked")
-            store.add(f"hung/job{j}", 1)
             dist.destroy_process_group()
             return True
         if ERROR in statuses:

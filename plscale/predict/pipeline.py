@@ -35,9 +35,10 @@ W = w (default b/2) and m >= p, each rank idles
 so f = B = W gives (p-1) / (3m + p-1): a third of 1F1B's idle time. (Letting rank 0 keep
 the most W's instead gives exactly 1F1B's bubble: nothing there to fill.)
 
-`simulate` runs the orders against the dependencies (F on stage s after F on s-1, B on s
-after B on s+1, the last stage's B after its F, W after its B; communication is free) and
-`bubble_of` measures a timeline's idle fraction, planned or measured.
+`simulate` runs a schedule's orders against the dependencies (F on stage s after F on s-1,
+B on s after B on s+1, the last stage's B after its F, W after its B; communication is free)
+through `play`, which runs any explicit orders (the pipeline-schedule exercise plays the
+student's); `bubble_of` measures a timeline's idle fraction, planned or measured.
 """
 
 from dataclasses import dataclass
@@ -138,16 +139,40 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, f=1.0, b=2.0, w=None) ->
     weight = _per_stage([x / 2 for x in b] if w is None else w, stages, "w") if schedule == "zb" else [0.0] * stages
     if any(y < 0 or y > x for x, y in zip(b, weight)):
         raise ValueError(f"w must be less than b (B = b - w, W = w): got b={b}, w={weight}")
-    duration = {"F": f, "B": [x - y for x, y in zip(b, weight)], "W": weight}
     orders = [order(schedule, p, m, rank, v) for rank in range(p)]
+    try:
+        return play(orders, f, [x - y for x, y in zip(b, weight)], weight)
+    except Deadlock as exc:
+        stuck = "; ".join(f"rank {r} at {op}" for r, op in exc.stuck)
+        raise ValueError(f"{schedule} with p={p}, m={m}, v={v} deadlocks: {stuck}") from None
+
+
+class Deadlock(ValueError):
+    """Orders that cannot all finish: `stuck` holds (rank, the op it waits at forever)."""
+
+    def __init__(self, stuck: list):
+        self.stuck = stuck
+        super().__init__("; ".join(f"rank {r} waits forever at {op}" for r, op in stuck))
+
+
+def play(orders, f=1.0, b=2.0, w=0.0) -> list[Op]:
+    """Explicit orders against the dependencies: orders[rank] lists (kind, micro) or (kind,
+    micro, chunk), chunk c of rank r being virtual stage c*p + r. F on a stage waits for F on
+    the one before, B for B on the one after (the last stage's B for its own F), W for its
+    own B; an op starts when its rank is free and its input is there (communication free).
+    f, b, w: durations of F, B and W, one number or one per virtual stage. Deadlock when some
+    rank can never go on."""
+    p = len(orders)
+    stages = p * (1 + max((item[2] for o in orders for item in o if len(item) > 2), default=0))
+    duration = {"F": _per_stage(f, stages, "f"), "B": _per_stage(b, stages, "b"), "W": _per_stage(w, stages, "w")}
     done, ops, free, position = {}, [], [0.0] * p, [0] * p
     progress = True
     while progress:
         progress = False
         for rank in range(p):
             while position[rank] < len(orders[rank]):
-                kind, micro, chunk = orders[rank][position[rank]]
-                stage = chunk * p + rank
+                kind, micro, *chunk = orders[rank][position[rank]]
+                stage = (chunk[0] if chunk else 0) * p + rank
                 needs = {"F": ("F", stage - 1, micro) if stage else None,
                          "B": ("B", stage + 1, micro) if stage < stages - 1 else ("F", stage, micro),
                          "W": ("B", stage, micro)}[kind]
@@ -158,9 +183,9 @@ def simulate(schedule: str, p: int, m: int, v: int = 1, f=1.0, b=2.0, w=None) ->
                 ops.append(Op(rank, kind, micro, start, free[rank], stage))
                 position[rank] += 1
                 progress = True
-    stuck = [f"rank {r} at {orders[r][i]}" for r, i in enumerate(position) if i < len(orders[r])]
+    stuck = [(r, orders[r][i]) for r, i in enumerate(position) if i < len(orders[r])]
     if stuck:
-        raise ValueError(f"{schedule} with p={p}, m={m}, v={v} deadlocks: {'; '.join(stuck)}")
+        raise Deadlock(stuck)
     return sorted(ops, key=lambda op: (op.rank, op.start))
 
 

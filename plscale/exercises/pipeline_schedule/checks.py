@@ -100,8 +100,11 @@ def one_f_one_b_memory(student, rank, world):
                  "on before its first backward can come back.")
 def one_f_one_b_bubble(student, rank, world):
     for m in MICRO:
+        orders = _orders(student.one_f_one_b, world, m)
+        bad = next((problem(o, m) for o in orders if problem(o, m)), None)
+        expect(bad is None, f"m = {m}: not a schedule ({bad})")
         try:
-            ops = timeline(_orders(student.one_f_one_b, world, m))
+            ops = timeline(orders)
         except Deadlock as exc:
             raise Failed(f"m = {m}: the stages' orders deadlock ({exc})") from None
         got, want = bubble_of(ops), bubble_fraction(world, m)

@@ -2,11 +2,10 @@
 
 `problem(order, m)`      what makes a list not a schedule: a micro-batch missing, twice,
                          or backward before forward
-`timeline(orders)`       the orders of all p stages played against their dependencies (F on
-                         stage s after F on s-1; B on s after B on s+1, the last stage's B
-                         after its own F; F takes 1, B 2; communication free), as
-                         plscale.predict.pipeline's Ops (its `bubble_of` measures them);
-                         Deadlock when the stages' orders cannot all finish
+`timeline(orders)`       the orders of all p stages played against their dependencies by
+                         plscale.predict.pipeline.play (F takes 1, B 2; communication free),
+                         as its Ops (its `bubble_of` measures them); Deadlock when the
+                         stages' orders cannot all finish
 `run_for_real(order, ...)`  one stage of a small model (p stages of Linear + tanh) on this rank:
                          activations and gradients cross to the neighbours point to point in
                          the stage's order (isend, and recv with a tag per message, so only
@@ -21,7 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plscale.predict.pipeline import Op
+from plscale.predict import pipeline
+from plscale.predict.pipeline import Op, play
 
 WIDTH = 8  # features of the small model
 
@@ -47,25 +47,11 @@ def problem(order, m: int) -> str | None:
 
 
 def timeline(orders: list) -> list[Op]:
-    p, done, free, position, ops = len(orders), {}, [0.0] * len(orders), [0] * len(orders), []
-    progress = True
-    while progress:
-        progress = False
-        for s in range(p):
-            while position[s] < len(orders[s]):
-                kind, i = orders[s][position[s]]
-                needs = ("F", s - 1, i) if kind == "F" else ("B", s + 1, i) if s < p - 1 else ("F", s, i)
-                if needs[1] >= 0 and needs not in done:
-                    break
-                start = max(free[s], done.get(needs, 0.0))
-                free[s] = done[(kind, s, i)] = start + (1.0 if kind == "F" else 2.0)
-                ops.append(Op(s, kind, i, start, free[s]))
-                position[s] += 1
-                progress = True
-    stuck = [f"stage {s} waits forever at {tuple(orders[s][k])}" for s, k in enumerate(position) if k < len(orders[s])]
-    if stuck:
-        raise Deadlock("; ".join(stuck))
-    return ops
+    """plscale.predict.pipeline.play on the stages' orders (F 1, B 2); Deadlock naming where."""
+    try:
+        return play(orders)
+    except pipeline.Deadlock as exc:
+        raise Deadlock("; ".join(f"stage {s} waits forever at {tuple(op)}" for s, op in exc.stuck)) from None
 
 
 def _model(p: int, m: int):

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plscale.exercises.harness import Checks, close, expect, watch
+from plscale.exercises.harness import Checks, close, expect, watch_collectives
 
 CHECKS = Checks()
 IN, OUT = 6, 8          # the layer: divides over 2 and 4 ranks
@@ -55,8 +55,11 @@ def f_backward(student, rank, world):
     upstream = _own(rank, 3, 4)
     expected = _summed(upstream)
     x = _shared(3, 4).requires_grad_()
-    (student.copy_to(x) * upstream).sum().backward()
+    given = upstream.clone()  # autograd hands this very tensor to f's backward
+    student.copy_to(x).backward(given)
     close(x.grad, expected, "the gradient of f's input")
+    expect(torch.equal(given, upstream), "the gradient autograd passed to f's backward was changed in place "
+           "(all-reduced?): autograd may still use that tensor elsewhere")
 
 
 @CHECKS.add("g forward: the sum over the ranks, the input left unchanged",
@@ -129,9 +132,9 @@ def communication(student, rank, world):
     layer = student.ColumnParallelLinear(IN, OUT)
     layer.load_shard(*_full_layer())
     x = _shared(2, 5, IN).requires_grad_()
-    with watch(dist, *COLLECTIVES) as forward_calls:
+    with watch_collectives(student, *COLLECTIVES) as forward_calls:
         y = layer(x)
-    with watch(dist, *COLLECTIVES) as backward_calls:
+    with watch_collectives(student, *COLLECTIVES) as backward_calls:
         y.sum().backward()
     expect(not forward_calls, f"forward called dist.{', dist.'.join(c[0] for c in forward_calls)}")
     names = [c[0] for c in backward_calls]

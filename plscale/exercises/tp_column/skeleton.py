@@ -27,7 +27,7 @@ dist.all_reduce; all-reduce a copy, never a tensor autograd gave you):
     forward(x): f, then this rank's linear: x [..., in] -> this rank's slice of Y [..., out/t]
 
 What the checks test, on 2 and 4 ranks: f and g forward and backward against a sum over
-the ranks; the layer's shapes; its output slice and its gradients (input, weight, bias)
+the ranks (the tensors autograd hands them left unchanged); the layer's shapes; its output slice and its gradients (input, weight, bias)
 against the whole nn.Linear on one rank; one all-reduce per layer in backward, none forward.
 """
 
