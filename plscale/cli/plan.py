@@ -98,7 +98,7 @@ def plan(
     micro-batch; drops what does not fit by the memory model; ranks the rest
     by predicted step time: compute at --efficiency, the pipeline bubble and
     each dimension's communication over the link it crosses. Assumptions and
-    formulas: plscale/predict/plan.py.
+    formulas: plscale/predict/plan.py and step_time.py.
     """
     name, config = _model(model, {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
                                    "ffn": ffn, "vocab": vocab})
@@ -164,5 +164,5 @@ def plan(
                   f"model-parallel ranks, then less memory first). v: model chunks "
                   f"per pipeline rank (interleaved 1F1B when > 1); micro x m: sequences per micro-batch x "
                   f"micro-batches per step.", highlight=False)
-    console.print("[dim]Assumptions (plscale/predict/plan.py):\n" + "\n".join(f"  - {escape(a)}" for a in ASSUMPTIONS)
+    console.print("[dim]Assumptions (plscale/predict/plan.py, step_time.py):\n" + "\n".join(f"  - {escape(a)}" for a in ASSUMPTIONS)
                   + "[/]", highlight=False)
