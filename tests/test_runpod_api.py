@@ -497,7 +497,9 @@ def start_up(rp, *args) -> subprocess.Popen:
     args = ["up", "--gpus", 1, "--gpu-type", "NVIDIA A40", *args, "--yes"]
     proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "runpod", *map(str, args)],
                             env={**os.environ, "COLUMNS": "200", **rp.env}, cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # Ctrl-C as at a terminal, even where pytest runs as a background job (SIGINT ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 20
     while rp.fake.ops().count("Pod") < 2 and time.monotonic() < deadline:  # waiting for its ports
         time.sleep(0.05)
