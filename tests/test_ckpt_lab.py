@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT, figures, load_summary, run_cli
 from plscale.ckpt import store
 
-FAST = ["--cpu", "--steps", "8", "--set", "model.preset=tiny", "--set", "model.seq=32", "--set", "ds.micro_batch=2",
+FAST = ["--launcher", "torchrun", "--cpu", "--steps", "8", "--set", "model.preset=tiny", "--set", "model.seq=32", "--set", "ds.micro_batch=2",
         "--set", "ckpt.every=2", "--set", "ckpt.full_every=6", "--set", "ckpt.durable_every=6"]
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import load_summary
 from plscale.predict import context_parallel as predict
 
-SMALL = ["--cpu", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32",
+SMALL = ["--launcher", "torchrun", "--cpu", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32",
          "--set", "train.parity_steps=2", "--set", "cp.balance_seq=256", "--set", "cp.comm_seqs=[64,128]",
          "--set", "cp.memory_seqs=[64,128]"]
 

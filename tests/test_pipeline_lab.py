@@ -14,7 +14,7 @@ from plscale.predict.presets import preset
 from plscale.rank.census import activations_in_flight, saved_activations
 from plscale.rank.models.llama import Llama
 
-FAST = ["--cpu", "--steps", "3", "--set", "model.seq=32", "--set", "bubble.micro_batches=[2,4]",
+FAST = ["--launcher", "torchrun", "--cpu", "--steps", "3", "--set", "model.seq=32", "--set", "bubble.micro_batches=[2,4]",
         "--set", "bubble.steps=2", "--set", "ds.grad_accum=4"]
 
 

@@ -10,7 +10,7 @@ from conftest import figures, load_summary
 from plscale.predict.presets import preset
 from plscale.rank.models.llama import Llama
 
-TINY = ["--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32"]
+TINY = ["--launcher", "torchrun", "--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32"]
 
 
 def run_lab(cli, variant: str, *extra) -> tuple[dict, object]:

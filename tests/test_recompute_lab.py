@@ -9,7 +9,7 @@ from conftest import figures, load_summary, only_run
 from plscale.predict import recompute
 from plscale.predict.presets import ModelConfig
 
-SMALL = ["--cpu", "--gpus", "2", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32"]
+SMALL = ["--launcher", "torchrun", "--cpu", "--gpus", "2", "--steps", "3", "--set", "model.preset=tiny", "--set", "model.seq=32"]
 STRATEGIES = ["none", "selective", "full", "deepspeed"]
 
 

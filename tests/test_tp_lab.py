@@ -10,7 +10,7 @@ from conftest import load_summary
 from plscale.predict import tensor_parallel as predict
 from plscale.predict.presets import preset
 
-FAST = ["--cpu", "--steps", "4", "--set", "model.preset=tiny", "--set", "model.seq=32",
+FAST = ["--launcher", "torchrun", "--cpu", "--steps", "4", "--set", "model.preset=tiny", "--set", "model.seq=32",
         "--set", "tp.compare_steps=2", "--set", "train.parity_steps=2"]
 
 
