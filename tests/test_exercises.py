@@ -15,7 +15,7 @@ import pytest
 from conftest import run_cli
 
 from plscale.exercises import EXERCISES, find
-from plscale.exercises.runner import run_checks
+from plscale.exercises.runner import _merge, run_checks
 
 # A plausible mistake per exercise: (a line of its solution.py, the line the student wrote instead),
 # the checks it must fail, and checks it must still pass.
@@ -250,3 +250,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
     folder = run_cli("exercise", "check", "zero1", "--file", str(tmp_path), cwd=tmp_path)
     assert folder.returncode == 2 and "is a folder" in folder.stderr
+
+
+def test_a_hang_on_one_rank_explains_its_neighbours_broken_connection():
+    """In a deadlock the rank that times out first closes the pair: its neighbour sees a closed
+    connection, not a timeout. The check reads as the hang, whichever rank reported it."""
+    rows = [{"name": "sums", "world": 2, "rank": 0, "status": "error", "detail": "raised RuntimeError: Connection closed by peer"},
+            {"name": "sums", "world": 2, "rank": 1, "status": "hung", "detail": "timed out waiting for a message"}]
+    merged = _merge("sums", rows, [2], "")
+    assert merged.status == "hung" and merged.detail == "2 ranks, rank 1: timed out waiting for a message"

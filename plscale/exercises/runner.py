@@ -242,9 +242,12 @@ def _ranks(worlds) -> str:
 
 def _merge(name: str, rows: list[dict], worlds, why: str) -> CheckResult:
     """One check over every rank and rank count: it passes when it passed on every rank of
-    every rank count; a failure reports the first (fewest ranks, lowest rank) where it failed;
-    else the rank counts it never completed on are named, with `why`."""
-    bad = sorted((r for r in rows if r["status"] != PASSED), key=lambda r: (r["world"], r["rank"]))
+    every rank count; a failure reports the first (fewest ranks, lowest rank) where it failed, a
+    crash or a hang first (it explains its neighbours' broken connections); else the rank counts
+    it never completed on are named, with `why`."""
+    cause = {"crashed": 0, "hung": 1}
+    bad = sorted((r for r in rows if r["status"] != PASSED),
+                 key=lambda r: (r["world"], cause.get(r["status"], 2), r["rank"]))
     if bad:
         first = bad[0]
         if first["status"] == "todo":  # the same on every rank
