@@ -150,7 +150,7 @@ def test_dry_run_shows_the_plan(monkeypatch, capsys):
 
 TINY_LAB = """id: tiny-jax
 title: the JAX runtime, end to end
-sections: [x]
+sections: {x: [x]}
 entry: tiny.py
 launcher: jax
 ranks: {default: 4, allowed: [2, 4]}

@@ -70,7 +70,7 @@ def test_a_variant_may_run_its_own_script(tmp_path):
     folder = tmp_path / "08_two_scripts"
     folder.mkdir()
     (folder / "lab.yaml").write_text(
-        "id: two\ntitle: x\nsections: [a]\nentry: first.py\nranks: {default: 2, allowed: [2]}\n"
+        "id: two\ntitle: x\nsections: {a: [a]}\nentry: first.py\nranks: {default: 2, allowed: [2]}\n"
         "settings: {seed: 0}\ndefault_variant: one\n"
         "variants:\n  one: {}\n  two: {entry: second.py}\n  three: {entry: second.py}\n")
     lab = labs.load_lab(folder)

@@ -25,11 +25,11 @@ app = typer.Typer(help="List, show and run the labs.", no_args_is_help=True)
 def list_labs() -> None:
     """All labs: id, aliases, title, course sections, ranks (a JAX lab's devices), minutes on CPU."""
     table = Table(title="plscale labs", title_justify="left")
-    for column in ("#", "id", "aliases", "title", "sections", "ranks", "CPU min"):
+    for column in ("#", "id", "aliases", "title", "course sections", "ranks", "CPU min"):
         table.add_column(column)
     for lab in labs.all_labs():
         aliases = lab.aliases + [a for v in lab.variants.values() for a in v.aliases]
-        table.add_row(f"{lab.number:02d}", lab.id, ", ".join(aliases), lab.title, lab.sections[0] + (f" (+{len(lab.sections) - 1})" if len(lab.sections) > 1 else ""),
+        table.add_row(f"{lab.number:02d}", lab.id, ", ".join(aliases), lab.title, ", ".join(lab.sections),
                       f"{lab.default_ranks} ({','.join(map(str, lab.allowed_ranks))})"
                       + (" devices" if lab.launcher == "jax" else ""), f"{lab.cpu_minutes:g}")
     console.print(table)
@@ -40,7 +40,8 @@ def show_lab(name: str = typer.Argument(..., help="Lab id, alias, number or vari
     """A lab's manifest: variants, settings, what it predicts."""
     lab, _ = labs.find(name)
     console.print(f"[bold]{lab.number:02d} {lab.id}[/]: {lab.title}")
-    console.print(f"sections: {'; '.join(lab.sections)}")
+    for section, topics in lab.sections.items():
+        console.print(f"course section {section} (plscale course {section}): {'; '.join(topics)}")
     console.print(f"folder: {lab.folder}   entry: {lab.entry}   lesson: {lab.folder / 'README.md'}")
     unit = "devices of one JAX process" if lab.launcher == "jax" else "ranks"
     console.print(f"{unit}: default {lab.default_ranks}, allowed {lab.allowed_ranks}; "

@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from plscale import __version__
-from plscale.cli import bench, ckpt, config, doctor, estimate, exercise, lab, mesh, plan, report, runpod, viz
+from plscale.cli import bench, ckpt, config, course, doctor, estimate, exercise, lab, mesh, plan, report, runpod, viz
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -24,6 +24,7 @@ app.command("doctor")(doctor.doctor)
 app.command("report")(report.report)
 app.command("mesh")(mesh.mesh)
 app.command("plan")(plan.plan)
+app.command("course")(course.course)
 
 
 def _version(value: bool) -> None:

@@ -37,7 +37,7 @@ class Lab:
     number: int
     folder: Path
     title: str
-    sections: list
+    sections: dict  # course section id (slides/course.yaml) -> the topics the lab covers there
     entry: str
     default_ranks: int
     allowed_ranks: list
@@ -54,6 +54,11 @@ class Lab:
     check: str | None = None                   # check(settings, topology) raises UserError on bad settings
     steps_setting: str = "train.steps"         # the setting `--steps N` sets
     launcher: str | None = None                # every variant's launcher (jax: one process, N devices)
+
+    @property
+    def topics(self) -> list:
+        """Every topic the lab covers, in the order lab.yaml lists them."""
+        return [topic for topics in self.sections.values() for topic in topics]
 
     def check_settings(self, settings: dict, topology) -> None:
         """Run the lab's own checks (topology: world_size, device), so bad settings fail
@@ -141,7 +146,7 @@ def load_lab(folder: Path) -> Lab:
     ranks = raw["ranks"]
     return Lab(
         id=raw["id"], number=int(folder.name.split("_")[0]), folder=folder, title=raw["title"],
-        sections=raw["sections"], entry=raw["entry"], default_ranks=int(ranks["default"]),
+        sections=_sections(raw["sections"], path), entry=raw["entry"], default_ranks=int(ranks["default"]),
         allowed_ranks=[int(n) for n in ranks["allowed"]], settings=raw["settings"],
         variants=variants, default_variant=raw.get("default_variant", "default"),
         aliases=raw.get("aliases") or [], cpu_minutes=float(raw.get("cpu_minutes", 1)),
@@ -150,6 +155,16 @@ def load_lab(folder: Path) -> Lab:
         sweep_report=(raw.get("sweep") or {}).get("report"), check=raw.get("check"),
         steps_setting=raw.get("steps", "train.steps"), launcher=raw.get("launcher"),
     )
+
+
+def _sections(raw, path: Path) -> dict:
+    """`sections:` maps a course section's id to a list of the topics the lab covers there."""
+    if not isinstance(raw, dict) or not raw or not all(
+            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(t, str) for t in v)
+            for k, v in raw.items()):
+        raise UserError(f"{path}: `sections:` must map course section ids (slides/course.yaml) to lists "
+                        f"of topics, e.g. `sections: {{pipeline: [micro-batches]}}` (see labs/README.md).")
+    return raw
 
 
 def all_labs() -> list[Lab]:
