@@ -132,6 +132,8 @@ def main() -> None:
               if measure(lab, variant, args.gpu, runs_dir, args.data_dir) is None]
     if failed:
         sys.exit(f"no reference for {', '.join(failed)}: see the output above.")
+    print("The course decks quote these numbers: rebuild them with `plscale slides build` and commit "
+          "slides/*/deck.html (tests/test_slides.py fails on a stale deck).")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ failed write leaves the good one in place."""
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -19,6 +20,21 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def replacing(path: Path):
+    """A temporary path beside `path` (same suffix) for a writer that needs a file name (savefig,
+    copyfile, a subprocess): it replaces `path` when the block ends well, and is removed otherwise."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def write_json(path: Path, data) -> None:

@@ -10,7 +10,7 @@ import yaml
 from plscale.errors import UserError
 from plscale.run.labs import all_labs
 from plscale.slides import numbers
-from plscale.slides.browser import count_slides
+from plscale.slides.browser import count_slides, split_slides
 from plscale.slides.course import find_section, lab_status, load_course
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,17 +46,31 @@ def test_deck_numbers_images_and_notes_resolve(section):
     if section.kind == "hands-on":  # its figures are the labs' own, never copies
         assert any("/labs/" in p for p in IMAGE.findall(text)), f"{section.id} shows no lab figure"
         assert not list(section.folder.glob("figures/*.png")) or section.diagrams, "copied figures in slides/"
-    slides = re.split(r"^---$", text.split("\n---\n", 1)[1], flags=re.M)
+    slides = split_slides(text)
     assert len(slides) >= 8
     unnoted = [i for i, body in enumerate(slides, 1) if not re.search(r"<!--(?!\s*_?\w+:)[\s\S]*?-->", body)]
     assert unnoted == [], f"{section.source}: slides {unnoted} have no speaker notes"
 
 
-def test_conceptual_diagrams_exist():
-    for s in SECTIONS:
-        if s.diagrams:
-            assert (ROOT / "plscale" / "slides" / "diagrams" / f"{s.diagrams}.py").is_file()
-            assert list((s.folder / "figures").glob("*.png")), f"{s.id}: run `plscale slides diagrams {s.id}`"
+@pytest.mark.parametrize("section", [s for s in SECTIONS if s.diagrams], ids=lambda s: s.diagrams)
+def test_diagram_modules_draw_the_committed_figures(section, tmp_path):
+    """Each module draws (from plscale.predict as it is now) exactly the figures its deck commits."""
+    import importlib
+
+    drawn = importlib.import_module(f"plscale.slides.diagrams.{section.diagrams}").draw(tmp_path)
+    assert drawn and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in drawn)
+    committed = {p.name for p in (section.folder / "figures").glob("*.png")}
+    assert {p.name for p in drawn} == committed, f"run `plscale slides diagrams {section.id}` and commit"
+    assert not list(tmp_path.glob(".*")), "a partial file was left behind"
+
+
+def test_a_misspelt_diagrams_module_is_an_error(tmp_path, monkeypatch):
+    outline = yaml.safe_load((ROOT / "slides" / "course.yaml").read_text())
+    outline["sections"][0]["diagrams"] = "whyy"
+    (tmp_path / "course.yaml").write_text(yaml.safe_dump(outline))
+    monkeypatch.setenv("PLSCALE_SLIDES_DIR", str(tmp_path))
+    with pytest.raises(UserError, match="names diagrams 'whyy'"):
+        load_course()
 
 
 def test_course_table_maps_every_section(quick_cli):
@@ -114,10 +128,12 @@ def test_numbers_fill_from_the_reference():
 
 @pytest.mark.parametrize("value, unit, text", [(20.259, "MiB", "20.26 MiB"), (12.5, "%", "12.5%"),
                                                (2.998, "x", "2.998x"), (1.34e-07, "max abs", "1.3e-07 max abs"),
-                                               (686732.0, "tokens/s", "686,732 tokens/s"), (3, "", "3")])
+                                               (686732.0, "tokens/s", "686,732 tokens/s"), (9999.7, "s", "10,000 s"),
+                                               (3, "", "3")])
 def test_number_format(value, unit, text):
     assert numbers.with_unit(value, unit) == text
 
 
 def test_count_slides_skips_front_matter_and_code():
-    assert count_slides("---\nmarp: true\n---\n\n# a\n\n---\n\n```\n---\n```\n\n---\n\nc\n") == 3
+    source = "---\nmarp: true\n---\n\n# a\n\n---\n\n```\n---\n```\n\n---\n\nc\n"
+    assert count_slides(source) == 3 and split_slides(source)[1].strip() == "```\n---\n```"

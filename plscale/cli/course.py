@@ -13,12 +13,13 @@ def _deck_status(section) -> str:
     return f"slides/{section.deck}" + (f" ({', '.join(built)})" if built else " (not built)")
 
 
-def course(section: str = typer.Argument(None, help="A section's id or number: its labs, topics and deck.")) -> None:
+def course(section: str = typer.Argument(None, help="A section's id, number or deck folder, or a lab's id: "
+                                         "its labs, topics and deck.")) -> None:
     """The course, section by section: its lab(s), its deck, and what each lab has measured."""
     from plscale.slides.course import find_section, lab_status, load_course
 
     if section:
-        _one(find_section(section), lab_status)
+        _one(find_section(section))
         return
     table = Table(title="plscale course: sections, labs and decks", title_justify="left")
     for column in ("#", "section", "kind", "lab(s)", "deck", "runs on CPU", "GPU figure"):
@@ -34,7 +35,9 @@ def course(section: str = typer.Argument(None, help="A section's id or number: i
                   "slides/<deck>/deck.html in a browser.")
 
 
-def _one(s, lab_status) -> None:
+def _one(s) -> None:
+    from plscale.slides.course import lab_status
+
     console.print(f"[bold]{s.number:02d} {s.title}[/] ({s.id}, {s.kind})")
     console.print(s.summary)
     console.print(f"deck: {_deck_status(s)}" + (f"; diagrams drawn by plscale/slides/diagrams/{s.diagrams}.py"
@@ -44,7 +47,7 @@ def _one(s, lab_status) -> None:
     for lab in s.labs:
         status = lab_status(lab)
         console.print(f"\nlab {lab.number:02d} {lab.id}: {lab.title}")
-        console.print(f"  topics here: {'; '.join(s.topics[lab.id])}")
+        console.print(f"  topics here: {'; '.join(s.topics[lab.id])}", soft_wrap=True)
         console.print(f"  run it: plscale lab run {lab.id} --gpus {lab.default_ranks}   "
-                      f"(lesson: {lab.folder.name}/README.md)")
+                      f"(lesson: labs/{lab.folder.name}/README.md)")
         console.print(f"  runs on CPU: {status.cpu}; GPU figure: {status.gpu}")

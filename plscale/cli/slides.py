@@ -34,26 +34,44 @@ def build(section: str = typer.Argument(None, help=SECTION_HELP),
     from plscale.slides import build as builder
 
     sections = _sections(section)
-    builder.find_marp()  # say how to install it before anything runs
+    builder.find_marp()  # say how to install them before anything runs
+    if pdf or png:
+        builder.require_chromium()
+    if png and png.exists() and not png.is_dir():
+        raise UserError(f"--png {png} is a file: give a folder for the slide PNGs.")
+    if data_dir and not refresh:
+        raise UserError("--data-dir is for --refresh's lab runs: add --refresh, or drop --data-dir.")
+    if data_dir and not data_dir.is_dir():
+        raise UserError(f"--data-dir {data_dir} is not a folder: point it at the datasets (see README.md, Data).")
     if refresh:
         _refresh(sections, data_dir)
-    troubles = 0
+    chromium = _chromium() if check else None
+    failed = []
     for i, s in enumerate(sections, 1):
         start = time.perf_counter()
-        written = builder.render(s, pdf=pdf, png_dir=png)
+        judge = (lambda html, s=s: browser_problems(s, html, chromium)) if chromium else None
+        try:
+            written = builder.render(s, pdf=pdf, png_dir=png, check=judge)
+        except builder.DeckProblems as found:
+            console.print(f"[{i}/{len(sections)}] [red]{s.deck}[/]: kept the deck as it was; the new build has "
+                          f"{len(found.problems)} problem(s):")
+            for line in found.problems:
+                console.print(f"    {line}")
+            failed.append(s.deck)
+            continue
         shown = ", ".join(str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
                           for p in written if p.suffix != ".png")
         pngs = sum(p.suffix == ".png" for p in written)
         console.print(f"[{i}/{len(sections)}] {s.deck}: {shown}" + (f" + {pngs} PNGs in {png}" if pngs else "")
-                      + f" ({time.perf_counter() - start:.1f} s)")
-        if check:
-            troubles += _check(s)
-    if check and not _chromium():
+                      + (", checked in Chromium" if chromium else "") + f" ({time.perf_counter() - start:.1f} s)")
+    if check and not chromium:
         from plscale.slides.build import CHROMIUM_HINT
 
-        console.print(f"Not checked in a browser: {CHROMIUM_HINT}.")
-    if troubles:
-        console.print(f"[red]{troubles} problem(s) in the built decks[/]: fix the slides named above.")
+        console.print(f"Not checked in a browser (the check opens each deck in Chromium, and none was found): "
+                      f"{CHROMIUM_HINT}.")
+    if failed:
+        console.print(f"[red]{len(failed)} deck(s) not replaced[/] ({', '.join(failed)}): fix the slides named "
+                      f"above, or write them anyway with --no-check.")
         raise typer.Exit(1)
 
 
@@ -68,16 +86,25 @@ def diagrams(section: str = typer.Argument(None, help=SECTION_HELP)) -> None:
 @app.command("check")
 def check(section: str = typer.Argument(None, help=SECTION_HELP)) -> None:
     """Open the built decks in headless Chromium: every slide renders, images load, nothing overflows."""
-    from plscale.slides.browser import find_chromium
     from plscale.slides.build import CHROMIUM_HINT
 
-    if not find_chromium():
-        raise UserError(f"No Chromium found: {CHROMIUM_HINT}.")
-    troubles = sum(_check(s) for s in _sections(section))
+    chromium = _chromium()
+    if not chromium:
+        raise UserError(f"The check opens each deck in Chromium, and none was found: {CHROMIUM_HINT}.")
+    troubles = 0
+    for s in _sections(section):
+        if not s.html.is_file():
+            console.print(f"{s.deck}: [red]not built yet[/] (`plscale slides build {s.id}`)")
+            troubles += 1
+            continue
+        found = browser_problems(s, s.html, chromium)
+        console.print(f"{s.deck}: " + ("ok" if not found else f"[red]{len(found)} problem(s)[/]"))
+        for line in found:
+            console.print(f"    {line}")
+        troubles += len(found)
     if troubles:
         console.print(f"[red]{troubles} problem(s)[/]: fix the slides named above and run `plscale slides build`.")
         raise typer.Exit(1)
-    console.print("every deck: every slide rendered, every image loaded, nothing overflows")
 
 
 def _chromium() -> str | None:
@@ -86,20 +113,11 @@ def _chromium() -> str | None:
     return find_chromium()
 
 
-def _check(section) -> int:
-    """Problems found in one built deck, printed; 0 without Chromium (said once by build's caller)."""
+def browser_problems(section, html: Path, chromium: str) -> list[str]:
+    """The browser check of one built deck against its source's slide count."""
     from plscale.slides import browser
 
-    chromium = browser.find_chromium()
-    if not chromium:
-        return 0
-    if not section.html.is_file():
-        console.print(f"  {section.deck}: not built yet (`plscale slides build {section.id}`)")
-        return 1
-    found = browser.problems(section.html, browser.count_slides(section.source.read_text()), chromium)
-    for line in found:
-        console.print(f"  [red]{section.deck}[/]: {line}")
-    return len(found)
+    return browser.problems(html, browser.count_slides(section.source.read_text()), chromium)
 
 
 def _draw(sections) -> list[Path]:

@@ -55,11 +55,6 @@ class Lab:
     steps_setting: str = "train.steps"         # the setting `--steps N` sets
     launcher: str | None = None                # every variant's launcher (jax: one process, N devices)
 
-    @property
-    def topics(self) -> list:
-        """Every topic the lab covers, in the order lab.yaml lists them."""
-        return [topic for topics in self.sections.values() for topic in topics]
-
     def check_settings(self, settings: dict, topology) -> None:
         """Run the lab's own checks (topology: world_size, device), so bad settings fail
         before anything launches."""

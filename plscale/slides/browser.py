@@ -7,9 +7,11 @@ back and the findings are read from it.
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from plscale.errors import UserError
@@ -22,7 +24,7 @@ window.addEventListener('load', async () => {
   const out = {slides: [], images: []};
   document.querySelectorAll('svg[data-marpit-svg]').forEach(s => { s.style.display = 'block'; });
   document.querySelectorAll('svg[data-marpit-svg] > foreignObject > section').forEach((sec, i) => {
-    const clipped = [...sec.querySelectorAll('pre, table')].filter(el => el.scrollWidth > el.clientWidth + 2).length;
+    const clipped = [...sec.querySelectorAll('pre, table')].filter(el => el.scrollWidth > el.clientWidth + SLACK_PX).length;
     out.slides.push({n: i + 1, width: sec.clientWidth, height: sec.clientHeight,
                      scroll_width: sec.scrollWidth, scroll_height: sec.scrollHeight, clipped: clipped,
                      content: sec.textContent.trim().length + sec.querySelectorAll('img').length});
@@ -46,34 +48,41 @@ FOUND = re.compile(r'<pre id="plscale-probe">(.*?)</pre>', re.S)
 
 def find_chromium() -> str | None:
     """Chromium (CHROME_PATH, else chromium, chromium-browser, google-chrome on PATH), or None."""
-    import os
-
     for candidate in (os.environ.get("CHROME_PATH"), "chromium", "chromium-browser", "google-chrome"):
         if candidate and (path := shutil.which(candidate)):
             return path
     return None
 
 
-def count_slides(markdown: str) -> int:
-    """Slides in a Marp source: `---` separators outside code fences, after the front matter."""
-    lines, fenced, rulers = markdown.splitlines(), False, 0
-    body = lines
+def split_slides(markdown: str) -> list[str]:
+    """A Marp source's slides: the text between `---` lines outside code fences, front matter dropped."""
+    lines = markdown.splitlines()
     if lines and lines[0].strip() == "---":
         end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), 0)
-        body = lines[end + 1:]
-    for line in body:
+        lines = lines[end + 1:]
+    slides, current, fenced = [], [], False
+    for line in lines:
         if line.lstrip().startswith("```"):
             fenced = not fenced
-        elif not fenced and line.strip() == "---":
-            rulers += 1
-    return rulers + 1
+        if not fenced and line.strip() == "---":
+            slides.append("\n".join(current))
+            current = []
+        else:
+            current.append(line)
+    return slides + ["\n".join(current)]
+
+
+def count_slides(markdown: str) -> int:
+    return len(split_slides(markdown))
 
 
 def probe(html: Path, chromium: str, timeout: float = 60) -> dict:
     """The probe's findings for one built deck."""
     html = html.resolve()
-    probed = html.with_name(f".{html.stem}.probe.html")
-    probed.write_text(html.read_text().replace("</body>", PROBE + "</body>"))
+    fd, name = tempfile.mkstemp(dir=html.parent, prefix=f".{html.stem}.", suffix=".probe.html")  # beside it: same paths
+    probed = Path(name)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(html.read_text().replace("</body>", PROBE.replace("SLACK_PX", str(SLACK_PX)) + "</body>"))
     try:
         out = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--allow-file-access-from-files",
                               "--window-size=1280,720", "--virtual-time-budget=10000", "--dump-dom", probed.as_uri()],
@@ -84,8 +93,8 @@ def probe(html: Path, chromium: str, timeout: float = 60) -> dict:
         probed.unlink(missing_ok=True)
     found = FOUND.search(out.stdout)
     if not found:
-        raise UserError(f"Chromium opened {html} but the probe wrote nothing (exit {out.returncode}): "
-                        f"{out.stderr.strip().splitlines()[-1:] or 'no message'}")
+        last = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        raise UserError(f"Chromium opened {html} but the probe wrote nothing (exit {out.returncode}): {last}")
     import html as html_lib
 
     return json.loads(html_lib.unescape(found.group(1)))

@@ -6,16 +6,27 @@ once it is whole.
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from plscale.errors import UserError
+from plscale.files import replacing
 from plscale.slides import numbers
 from plscale.slides.browser import find_chromium
 from plscale.slides.course import Section, slides_root
 
-NODE_HINT = "install Node 18+ (https://nodejs.org, or `apt-get install nodejs npm`), then run `npm ci --prefix slides`"
-CHROMIUM_HINT = ("PDF and PNG need Chromium: `apt-get install chromium` (Debian/Ubuntu), `brew install --cask "
-                 "chromium` (macOS), or point CHROME_PATH at a Chrome or Chromium")
+NODE_HINT = ("install Node 18+ (https://nodejs.org, or `apt-get install nodejs npm`), then run "
+             "`npm ci --prefix slides` in the repository")
+CHROMIUM_HINT = ("`apt-get install chromium` (Debian/Ubuntu), `brew install --cask chromium` (macOS), or point "
+                 "CHROME_PATH at a Chrome or Chromium")
+
+
+class DeckProblems(Exception):
+    """The built deck failed its browser check; the deck it would have replaced is kept."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 PINNED = Path(__file__).resolve().parents[2] / "slides"  # package.json pins Marp's version here
@@ -24,9 +35,9 @@ PINNED = Path(__file__).resolve().parents[2] / "slides"  # package.json pins Mar
 def find_marp() -> list[str]:
     """The command that runs Marp: the course's pinned copy (slides/node_modules), else `marp` on PATH."""
     local = PINNED / "node_modules" / ".bin" / "marp"
-    if local.is_file():
+    if local.is_file() and shutil.which("node"):
         return [str(local)]
-    if found := shutil.which("marp"):
+    if (found := shutil.which("marp")) and shutil.which("node"):
         return [found]
     raise UserError(f"Marp (the slide renderer) is not installed: {NODE_HINT}. The built decks "
                     f"(slides/*/deck.html) are committed: open them in a browser without building.")
@@ -38,37 +49,52 @@ def filled_source(section: Section) -> str:
         raise UserError(f"Section {section.id} has no deck: write {section.source} (see slides/README.md).")
     text, problems = numbers.fill(section.source.read_text())
     if problems:
-        raise UserError(f"{section.source}: {len(problems)} placeholder(s) cannot be filled: {'; '.join(problems)}.")
+        raise UserError(f"{section.source}: {len(problems)} placeholder(s) cannot be filled: "
+                        + "; ".join(line.rstrip(".") for line in problems) + ".")
     return text
 
 
-def render(section: Section, pdf: bool = False, png_dir: Path | None = None, timeout: float = 180) -> list[Path]:
-    """Build the deck: deck.html always, deck.pdf with `pdf`, one PNG a slide into `png_dir`."""
-    marp, chromium = find_marp(), find_chromium()
-    if (pdf or png_dir) and not chromium:
-        raise UserError(f"No Chromium found: {CHROMIUM_HINT}. HTML builds without it: drop --pdf/--png.")
-    filled = section.folder / ".deck.filled.md"  # beside deck.md, so relative image paths hold
-    filled.write_text(filled_source(section))
+def require_chromium() -> str:
+    """Chromium's path, or one line saying how to get it (PDF and PNG go through it)."""
+    if chromium := find_chromium():
+        return chromium
+    raise UserError(f"PDF and PNG go through Chromium, and none was found: {CHROMIUM_HINT}. "
+                    f"HTML builds without it: drop --pdf/--png.")
+
+
+def render(section: Section, pdf: bool = False, png_dir: Path | None = None, check=None,
+           timeout: float = 180) -> list[Path]:
+    """Build the deck: deck.html always, deck.pdf with `pdf`, one PNG a slide into `png_dir`.
+    `check(html) -> problems` judges the new HTML before it replaces the old: any problem raises
+    DeckProblems and nothing is replaced."""
+    text, marp = filled_source(section), find_marp()
+    chromium = require_chromium() if (pdf or png_dir) else find_chromium()
     env = {**os.environ, "CHROME_PATH": chromium or ""}
     if os.geteuid() == 0:  # Chromium refuses to run as root inside its sandbox
         env["CHROME_NO_SANDBOX"] = "1"
+    # the filled source sits beside deck.md, so its relative image paths hold; a unique name, so
+    # two builds of one deck never share it
+    fd, name = tempfile.mkstemp(dir=section.folder, prefix=".deck.", suffix=".md")
+    filled = Path(name)
     written = []
     try:
-        jobs = [("html", section.html)] + ([("pdf", section.pdf)] if pdf else [])
-        for kind, target in jobs:
-            partial = target.with_name(f".{target.stem}.partial.{kind}")
-            _marp(marp + [str(filled), "-o", str(partial), "--allow-local-files"], env, timeout, section)
-            os.replace(partial, target)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        for target in [section.html] + ([section.pdf] if pdf else []):
+            with replacing(target) as partial:
+                _marp(marp + [str(filled), "-o", str(partial), "--allow-local-files"], env, timeout, section)
+                if check and target == section.html and (problems := check(partial)):
+                    raise DeckProblems(problems)
             written.append(target)
         if png_dir:
             png_dir.mkdir(parents=True, exist_ok=True)
+            for old in png_dir.glob(f"{section.deck}.*.png"):  # a longer earlier build's extra slides
+                old.unlink()
             _marp(marp + [str(filled), "--images", "png", "-o", str(png_dir / f"{section.deck}.png"),
                           "--allow-local-files"], env, timeout, section)
-            written += sorted(png_dir.glob(f"{section.deck}.*png"))
+            written += sorted(png_dir.glob(f"{section.deck}.*.png"))
     finally:
         filled.unlink(missing_ok=True)
-        for partial in section.folder.glob(".deck.partial.*"):
-            partial.unlink()
     return written
 
 

@@ -5,7 +5,6 @@ course outline says which sections exist and where their decks are. A section wi
 listed as such; a lab naming a section the outline lacks is an error.
 """
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import yaml
 
 from plscale.errors import UserError, did_you_mean
 from plscale.run import labs as lab_registry
+from plscale.run import references
 
 KINDS = ("concept", "hands-on")
 
@@ -65,15 +65,23 @@ def load_course() -> list[Section]:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"Cannot read the course outline {path}: {exc}. Restore it from git.") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("sections"), list):
+        raise UserError(f"{path} must hold `sections:`, a list of sections. Restore it from git.")
     sections = []
-    for number, entry in enumerate(raw.get("sections") or [], start=1):
+    for number, entry in enumerate(raw["sections"], start=1):
+        if not isinstance(entry, dict):
+            raise UserError(f"{path}: section {number} is not a mapping (id, title, deck, kind, summary).")
         missing = [key for key in ("id", "title", "deck", "kind", "summary") if key not in entry]
         if missing:
             raise UserError(f"{path}: section {number} lacks {', '.join(missing)}. Add them.")
         if entry["kind"] not in KINDS:
             raise UserError(f"{path}: section {entry['id']} has kind {entry['kind']!r}; use one of {', '.join(KINDS)}.")
+        diagrams = entry.get("diagrams")
+        if diagrams and not (Path(__file__).parent / "diagrams" / f"{diagrams}.py").is_file():
+            raise UserError(f"{path}: section {entry['id']} names diagrams {diagrams!r}, but "
+                            f"plscale/slides/diagrams/{diagrams}.py does not exist. Fix the name.")
         sections.append(Section(number, entry["id"], entry["title"], entry["deck"], entry["kind"],
-                                entry["summary"], entry.get("diagrams")))
+                                entry["summary"], diagrams))
     by_id = {s.id: s for s in sections}
     for lab in lab_registry.all_labs():
         for section_id, topics in lab.sections.items():
@@ -86,20 +94,26 @@ def load_course() -> list[Section]:
 
 
 def find_section(name: str) -> Section:
-    """A section by id, number or deck folder name."""
+    """A section by id, number, deck folder or diagrams module, or the first section a lab serves."""
     sections = load_course()
+    key = name.lower()
     for section in sections:
-        if name in (section.id, str(section.number), f"{section.number:02d}", section.deck):
+        if key in (section.id, str(section.number), f"{section.number:02d}", section.deck, section.diagrams):
             return section
-    raise UserError(f"No course section {name!r}.{did_you_mean(name, [s.id for s in sections])} "
-                    f"`plscale course` lists them.")
+    try:  # a lab's id or alias: its first section (lab.yaml lists its main one first)
+        lab, _ = lab_registry.find(name)
+    except UserError:
+        lab = None
+    if lab and lab.sections:
+        return next(s for s in sections if s.id == next(iter(lab.sections)))
+    raise UserError(f"No course section {name!r}.{did_you_mean(key, [s.id for s in sections])} "
+                    f"`plscale course` lists them (a lab's id works too).")
 
 
 def lab_status(lab) -> LabStatus:
     """From the lab's reference.json: a measured CPU run, and a GPU section if one was measured."""
-    try:
-        ref = json.loads((lab.folder / "reference.json").read_text())
-    except (OSError, ValueError):
+    ref = references.load(lab.folder)  # a damaged file is one line naming it
+    if ref is None:
         return LabStatus("no reference yet", "none measured yet")
     cpu = ref.get("cpu") or {}
     entry = cpu.get(lab.default_variant) or next(iter(cpu.values()), None)

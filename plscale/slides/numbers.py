@@ -6,11 +6,11 @@ predicted}}` gives the prediction the lab printed beside it (`\|` inside a table
 time and `command` the command that measured it.
 """
 
-import json
 import re
 from functools import cache
 
 from plscale.run import labs as lab_registry
+from plscale.run import references
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}/]+?)\s*/\s*([^{}:]+?)\s*:\s*([^{}|]+?)\s*(?:\\?\|\s*(predicted)\s*)?\}\}")
 
@@ -21,7 +21,7 @@ def fmt(value) -> str:
         return str(value)
     if value == 0:
         return "0"
-    if isinstance(value, int) or abs(value) >= 1e4:
+    if isinstance(value, int) or abs(value) >= 1e3:
         return f"{value:,.0f}"
     return f"{value:.4g}" if abs(value) >= 1e-3 else f"{value:.1e}"
 
@@ -32,13 +32,15 @@ def with_unit(value, unit: str) -> str:
     return f"{fmt(value)}{unit}" if unit in ("%", "x") else f"{fmt(value)} {unit}"
 
 
-@cache
 def _reference(lab_id: str) -> dict:
+    return _reference_in(str(lab_registry.labs_root()), lab_id)
+
+
+@cache
+def _reference_in(root: str, lab_id: str) -> dict:
+    """The CPU entries of a lab's reference.json (cached per labs folder)."""
     lab, _ = lab_registry.find(lab_id)
-    try:
-        return json.loads((lab.folder / "reference.json").read_text()).get("cpu") or {}
-    except (OSError, ValueError):
-        return {}
+    return (references.load(lab.folder) or {}).get("cpu") or {}
 
 
 def lookup(lab_id: str, variant: str, name: str, predicted: bool = False) -> str:
@@ -50,10 +52,12 @@ def lookup(lab_id: str, variant: str, name: str, predicted: bool = False) -> str
     entry = entries.get(variant)
     if entry is None:
         raise KeyError(f"lab {lab_id}'s reference.json has no CPU entry {variant!r} (it has: {', '.join(entries) or 'none'})")
-    if name == "wall":
-        return f"{entry['wall_s']:.0f} s"
-    if name == "command":
-        return f"`{entry['command']}`"
+    if name in ("wall", "command"):
+        key = "wall_s" if name == "wall" else "command"
+        if key not in entry:
+            raise KeyError(f"{lab_id}/{variant} in its reference.json has no {key!r}: measure it again "
+                           f"(benchmarks/make_references.py {lab_id})")
+        return f"{entry[key]:.0f} s" if name == "wall" else f"`{entry[key]}`"
     figures = {f["name"]: f for f in entry.get("figures", [])}
     if name not in figures:
         raise KeyError(f"{lab_id}/{variant} has no figure {name!r} (see its reference.json)")

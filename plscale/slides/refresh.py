@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from plscale.errors import UserError
+from plscale.files import replacing
 
 KEYS = {"file", "run", "take", "compare", "manual", "why"}
 HEARTBEAT_S = 60  # a line on a long run this often: its elapsed time and the last line it wrote
@@ -234,9 +235,7 @@ def _install(made: Path, target: Path, echo) -> Path:
     """Copy `made` over `target` atomically (a temporary file beside it, then os.replace)."""
     if made.suffix == ".png" and made.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
         raise UserError(f"{made} is not a PNG: the run wrote something else; {target} is unchanged.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.refresh")
-    shutil.copyfile(made, temporary)
-    os.replace(temporary, target)
+    with replacing(target) as partial:
+        shutil.copyfile(made, partial)
     echo(f"      wrote {target}")
     return target
