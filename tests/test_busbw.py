@@ -107,3 +107,14 @@ def test_ring_bytes_sent_per_rank():
     from plscale.predict.busbw import bus_factor, ring_bytes_sent
     assert ring_bytes_sent(13, 4, 4) == [(26 - 3 - 3) * 4, (26 - 3 - 3) * 4, (26 - 3 - 4) * 4, (26 - 4 - 3) * 4]
     assert sum(ring_bytes_sent(16, 4, 4)) / 4 == bus_factor("all_reduce", 4) * 16 * 4
+
+
+@pytest.mark.parametrize("numel, n", [(13, 4), (16, 4), (7, 3), (100, 8), (3, 5)])
+def test_ring_schedule_sends_what_ring_bytes_sent_counts(numel, n):
+    """2(n-1) steps whose chunks add up to ring_bytes_sent; the naive scheme's rank 0 sends (n-1) S."""
+    sizes = [numel // n + (i < numel % n) for i in range(n)]   # torch.tensor_split's chunks
+    steps = busbw.ring_schedule(n)
+    assert len(steps) == 2 * (n - 1) and [p for p, _, _ in steps].count("reduce-scatter") == n - 1
+    sent = [sum(sizes[chunks[r]] for _, _, chunks in steps) * 2 for r in range(n)]
+    assert sent == busbw.ring_bytes_sent(numel, 2, n)
+    assert busbw.naive_bytes_sent(numel, n) == [(n - 1) * numel] + [numel] * (n - 1)

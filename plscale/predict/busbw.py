@@ -147,6 +147,26 @@ def ring_bytes_sent(numel: int, itemsize: int, n: int) -> list[int]:
     return [(2 * numel - sizes[(r + 1) % n] - sizes[(r + 2) % n]) * itemsize for r in range(n)]
 
 
+def ring_schedule(n: int) -> list[tuple[str, int, list[int]]]:
+    """(phase, step, the chunk each rank r sends to r+1) for the ring all-reduce's 2(n-1) steps, as
+    plscale/rank/parallel/ring.py runs them: reduce-scatter step t sends chunk r-t, all-gather r+1-t.
+
+    >>> ring_schedule(3)[1:3]
+    [('reduce-scatter', 1, [2, 0, 1]), ('all-gather', 0, [1, 2, 0])]
+    """
+    return [(phase, t, [(r - t + (phase == "all-gather")) % n for r in range(n)])
+            for phase in ("reduce-scatter", "all-gather") for t in range(n - 1)]
+
+
+def naive_bytes_sent(nbytes: int, n: int) -> list[int]:
+    """Bytes each rank sends in the naive all-reduce via rank 0 (plscale/rank/parallel/naive.py).
+
+    >>> naive_bytes_sent(100, 4)
+    [300, 100, 100, 100]
+    """
+    return [(n - 1) * nbytes] + [nbytes] * (n - 1)
+
+
 def bandwidths(op: str, size: int, seconds: float, ranks: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (10^9 bytes per second, as nccl-tests prints)."""
     algbw = size / seconds / 1e9

@@ -14,6 +14,9 @@ Sources (datasheets as published by NVIDIA):
   A100 SXM4 80GB   312 TFLOP/s bf16 dense, 156 TF32; NVLink 3 600 GB/s both ways (300 each);
                    DGX A100: 8 x ConnectX-6 200 Gb/s HDR (25 GB/s a GPU). 81,920 MiB.
   A100 SXM4 40GB   the same, 40,960 MiB.
+HBM bandwidth (`hbm_gbs`, GB/s, the datasheets' figures): H100 SXM5 3,350 (HBM3), H200 SXM 4,800
+(HBM3e), A100 SXM4 80GB 2,039 (HBM2e), A100 SXM4 40GB 1,555 (HBM2). Only the roofline
+(plscale.predict.roofline) uses it; the planner does not.
 Latency: a collective of N ranks pays a fixed latency a step besides its bytes (Hockney's alpha-beta
 model). Steps: a ring's N-1 a phase, a tree's log2 N (an all-reduce has two phases); the planner
 takes the fewer (plscale.predict.step_time.latency_steps): NCCL switches to tree, NVLS or PAT
@@ -44,6 +47,7 @@ class GPU:
     source: str = ""
     intra_latency_us: float = 1.0   # one step of a ring inside a node (an assumption, module doc)
     inter_latency_us: float = 5.0   # one step of a ring across nodes
+    hbm_gbs: float = 0.0            # GPU memory bandwidth, GB/s (module doc); 0: not known
 
     def peak(self, precision: str) -> float:
         key = "fp32" if precision == "fp32" else "bf16"   # fp16 and bf16 share the tensor-core peak
@@ -59,13 +63,13 @@ def _tf(bf16: float, tf32: float) -> dict:
 
 GPUS = {
     "H100": GPU("H100 SXM5 80GB", 81_559 * MiB, _tf(989, 494), 450, 50, 8,
-                "NVIDIA H100 datasheet; DGX H100: 8 x 400 Gb/s ConnectX-7"),
+                "NVIDIA H100 datasheet; DGX H100: 8 x 400 Gb/s ConnectX-7", hbm_gbs=3350),
     "H200": GPU("H200 SXM 141GB", 143_771 * MiB, _tf(989, 494), 450, 50, 8,
-                "NVIDIA H200 datasheet; HGX H200: 8 x 400 Gb/s"),
+                "NVIDIA H200 datasheet; HGX H200: 8 x 400 Gb/s", hbm_gbs=4800),
     "A100": GPU("A100 SXM4 80GB", 81_920 * MiB, _tf(312, 156), 300, 25, 8,
-                "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR"),
+                "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=2039),
     "A100-40GB": GPU("A100 SXM4 40GB", 40_960 * MiB, _tf(312, 156), 300, 25, 8,
-                     "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR"),
+                     "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=1555),
 }
 ALIASES = {"H100-80GB": "H100", "A100-80GB": "A100", "H200-141GB": "H200"}
 

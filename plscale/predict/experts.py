@@ -176,6 +176,20 @@ def expert_params(config: ModelConfig, experts: int, every: int = 1) -> ExpertPa
                         moe_layers * experts * mlp, moe_layers)
 
 
+def active_params(config: ModelConfig, experts: int, top_k: int, every: int = 1) -> int:
+    """Parameters one token runs through: all but the experts, and top_k experts a MoE layer.
+
+    >>> from plscale.predict.presets import preset
+    >>> p = expert_params(preset("small"), 8)     # L 4, h 256, f 704
+    >>> active_params(preset("small"), 8, 2) == p.dense + p.gates + 4 * 2 * 3 * 256 * 704
+    True
+    """
+    if not 1 <= top_k <= experts:
+        raise UserError(f"top_k {top_k}: a token goes to 1 to {experts} experts.")
+    p = expert_params(config, experts, every)
+    return p.dense + p.gates + p.experts // experts * top_k
+
+
 def dropped_if_even(tokens: int, experts: int, top_k: int, capacity_factor: float, min_capacity: int = 0) -> int:
     """Routes dropped per micro-batch and rank if the router shared the k*S routes out evenly
     (each expert floor or ceil of kS/E): the least a capacity factor can drop. Below 1.0 even

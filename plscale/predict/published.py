@@ -36,6 +36,11 @@ from dataclasses import dataclass
 from plscale.errors import UserError, did_you_mean
 from plscale.predict.presets import PRESETS, ModelConfig
 
+# The MFU the decks quote for a large, well-run job (slides 01 and 04): Llama 3 405B's pre-training ran at
+# 38-43 % BF16 MFU on 8K-16K H100s (Grattafiori et al. 2024, table 4, above). The planner's efficiency
+# (plan.Job.efficiency, 0.5) is its own stated assumption, not this figure.
+LLAMA3_MFU = 0.40
+
 SHAPES = {
     "llama3-8b": ModelConfig(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336,
                              max_seq=8192, tie_embeddings=False, rope_theta=500_000.0),

@@ -8,7 +8,7 @@ the one with the most compute + tp + cp sets every term.
 
   compute   the stage's FLOPs (recompute.step_flops: 6 per weight per token, attention, what
             recomputation reruns; the head's on the last stage) x tokens x pp / (gpus x peak x
-            efficiency): each GPU of a stage does 1 / (dp tp cp) of the stage's work
+            efficiency), `compute_seconds`: each GPU of a stage does 1 / (dp tp cp) of the stage's work
   bubble    the pipelined work (compute + tp + pp + cp) x f / (1 - f),
             f = pipeline.bubble_fraction(pp, m, v) = (pp - 1) / (v m + pp - 1): with 1F1B (v 1) and
             pp 4, m 8 the bubble is 3/8 of the busy time; interleaved with v 2, 3/16
@@ -82,6 +82,17 @@ def collective_seconds(op: str, nbytes: float, n: int, link: tuple[float, float]
     """`calls` collectives of `nbytes` in all over n ranks on a link (bytes/s, seconds a step)."""
     bandwidth, latency = link
     return nbytes * bus_factor(op, n) / bandwidth + calls * latency_steps(op, n) * latency
+
+
+def compute_seconds(flops: float, gpus: int, gpu: GPU, precision: str = "bf16", efficiency: float = 1.0) -> float:
+    """Seconds for `flops` shared evenly by `gpus` GPUs, each at `efficiency` of its dense peak:
+    flops / (gpus x peak x efficiency), the compute term above (perfect scaling, no communication).
+
+    >>> from plscale.predict.cluster import GPUS
+    >>> round(compute_seconds(989e12 * 8, 8, GPUS["H100"], efficiency=0.5), 6)
+    2.0
+    """
+    return flops / (gpus * gpu.peak(precision) * efficiency)
 
 
 @cache
@@ -177,7 +188,7 @@ def cp_seconds_a_layer(job, gpu: GPU, c) -> float:
     bandwidth, latency = p2p_link(gpu, c.cp, c.tp)
     hops = (ring.total + rerun * ring.forward) / bandwidth + (1 + rerun) * (3 * (c.cp - 1) + 1) * latency
     forward = 4 * model.head_dim * _causal_scores(job.seq, c.cp) * (model.heads // c.tp) * c.micro_batch
-    window = (3 + rerun) * forward / (gpu.peak(job.precision) * job.efficiency) if job.overlap else 0.0
+    window = compute_seconds((3 + rerun) * forward, 1, gpu, job.precision, job.efficiency) if job.overlap else 0.0
     return c.micro_batches * max(0.0, hops - window)
 
 
@@ -188,7 +199,7 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     layer_fwd = layer_forward_flops(model, job.seq)
     head = 3 * (flops.forward - model.layers * layer_fwd)
     layer = 3 * layer_fwd + flops.recompute / model.layers
-    per_flop = job.global_batch * job.seq * c.pp / (job.gpus * gpu.peak(job.precision) * job.efficiency)
+    per_flop = compute_seconds(job.global_batch * job.seq * c.pp, job.gpus, gpu, job.precision, job.efficiency)
     cp_layer = cp_seconds_a_layer(job, gpu, c) if c.cp > 1 else 0.0
     paced = {}
     for name, (layers, first, last) in stages(model.layers, c.pp, heaviest).items():

@@ -1,23 +1,28 @@
 """Diagrams of deck 02, IT and GPU fundamentals (slides/02_gpu_fundamentals).
 
-NVLink and network bandwidths, peak FLOP/s and memory come from plscale.predict.cluster; collective
-times from plscale.predict.step_time. What the cluster model lacks (HBM bandwidth, PCIe, caches,
-SM counts) is literature, its source in a comment here and on the slide.
+NVLink, network and HBM bandwidths, peak FLOP/s and memory come from plscale.predict.cluster; collective
+times from plscale.predict.step_time, the roofline from plscale.predict.roofline. What the cluster model
+lacks (PCIe, caches, SM counts, host memory) is literature, its source in a comment here and on the slide.
 """
 
 from pathlib import Path
 
 from plscale.predict.cluster import GPUS
+from plscale.predict.memory import BYTES
 from plscale.predict.presets import param_count, preset
+from plscale.predict.roofline import attainable_flops, matmul_intensity, ridge
 from plscale.predict.step_time import collective_seconds, link
-from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, save
+from plscale.slides.diagrams.style import (BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, rect,
+                                           save)
 
 H100, A100 = GPUS["H100"], GPUS["A100"]
-# Literature, NVIDIA datasheets and the H100 architecture whitepaper (2022): HBM bandwidth in GB/s,
-# H100 SXM5's 132 SMs, 50 MB of L2, 256 KB of registers and 256 KB of L1/shared memory per SM.
-HBM_GBS = {"H200 HBM3e": 4800, "H100 HBM3": 3350, "A100 HBM2e": 2039}
+HBM = [("H200 HBM3e", GPUS["H200"]), ("H100 HBM3", H100), ("A100 HBM2e", A100)]   # bandwidths: cluster.py
+# Literature, the NVIDIA H100 architecture whitepaper (2022): H100 SXM5's 132 SMs, 50 MB of L2, 256 KB of
+# registers and 256 KB of L1/shared memory per SM.
 PCIE5_GBS = 64  # PCIe Gen5 x16, each way (32 GT/s x 16 lanes, PCI-SIG)
 H100_SMS = 132
+TENSOR_CORES_PER_SM = 4  # fourth-generation tensor cores per H100 SM (NVIDIA H100 architecture whitepaper)
+DGX_HOST_MEMORY = "2 TB"  # DGX H100's system memory (NVIDIA DGX H100 user guide)
 
 
 def cpu_vs_gpu(out: Path) -> Path:
@@ -35,19 +40,14 @@ def cpu_vs_gpu(out: Path) -> Path:
     for k in range(H100_SMS):
         r, c = divmod(k, cols)
         y = 3.62 - r * 0.21 - (0.45 if r > rows // 2 else 0)
-        ax.add_patch(_rect(6.35 + c * 0.29, y, 0.25, 0.15, GREEN))
+        rect(ax, 6.35 + c * 0.29, y, 0.25, 0.15, GREEN, edge=NAVY, lw=0.5)
     box(ax, 6.35, 2.18, 3.45, 0.32, "L2 cache", color=SKY, size=11)
     for side in (5.7, 9.95):
         for j in range(3):
             box(ax, side, 1.05 + j * 0.95, 0.55, 0.8, "HBM", color=BLUE, text_color="white", size=10)
-    ax.text(8.1, 0.45, f"{H100_SMS} SMs in an H100, each with 4 tensor cores; HBM memory",
+    ax.text(8.1, 0.45, f"{H100_SMS} SMs in an H100, each with {TENSOR_CORES_PER_SM} tensor cores; HBM memory",
             ha="center", fontsize=12)
     return save(fig, out, "cpu_vs_gpu.png")
-
-
-def _rect(x, y, w, h, color):
-    from matplotlib.patches import Rectangle
-    return Rectangle((x, y), w, h, facecolor=color, edgecolor=NAVY, linewidth=0.5)
 
 
 def memory_hierarchy(out: Path) -> Path:
@@ -56,9 +56,8 @@ def memory_hierarchy(out: Path) -> Path:
     levels = [("registers", "256 KB per SM", "on the SM", NAVY),
               ("L1 / shared memory", "256 KB per SM", "on the SM", BLUE),
               ("L2 cache", "50 MB per GPU", "on the chip", GREEN),
-              ("HBM3 (GPU memory)", f"{H100.memory / 2**30:.0f} GiB per GPU", f"{HBM_GBS['H100 HBM3']:,} GB/s",
-               SAND),
-              ("host DRAM (CPU memory)", "2 TB per node", f"{PCIE5_GBS} GB/s each way\nover PCIe", RED)]
+              ("HBM3 (GPU memory)", f"{H100.memory / 2**30:.0f} GiB per GPU", f"{H100.hbm_gbs:,.0f} GB/s", SAND),
+              ("host DRAM (CPU memory)", f"{DGX_HOST_MEMORY} per node", f"{PCIE5_GBS} GB/s each way\nover PCIe", RED)]
     ax.text(1.2, 4.55, "where / bandwidth", ha="center", fontsize=13, weight="bold", color=NAVY)
     ax.text(9.7, 4.55, "capacity", ha="center", fontsize=13, weight="bold", color=NAVY)
     for i, (name, size, speed, color) in enumerate(levels):
@@ -128,7 +127,7 @@ def cluster(out: Path) -> Path:
 
 def bandwidth_ladder(out: Path) -> Path:
     """Bandwidths from GPU memory down to the network, one direction, log scale."""
-    rows = [(k, v, BLUE, "memory") for k, v in HBM_GBS.items()]
+    rows = [(name, gpu.hbm_gbs, BLUE, "memory") for name, gpu in HBM]
     rows += [("H100 NVLink 4", H100.intra_gbs, GREEN, "NVLink"), ("A100 NVLink 3", A100.intra_gbs, GREEN, "NVLink"),
              ("PCIe Gen5 x16", PCIE5_GBS, SAND, "PCIe"),
              ("InfiniBand NDR (400 Gb/s)", H100.inter_gbs, RED, "network"),
@@ -152,7 +151,7 @@ def bandwidth_ladder(out: Path) -> Path:
 
 def allreduce_time(out: Path) -> Path:
     """Seconds to all-reduce a 7B model's bf16 gradients, by where the GPUs sit."""
-    nbytes = 2 * param_count(preset("7b"))
+    nbytes = BYTES["bf16"] * param_count(preset("7b"))
     cases = [("8 GPUs, one node\n(NVLink)", 8, 1), ("64 GPUs, 8 nodes\n(8 NICs a node)", 64, 1),
              ("8 GPUs, 8 nodes\n(1 NIC a node)", 8, 8)]
     fig, ax = figure(h=4.6)
@@ -171,30 +170,24 @@ def allreduce_time(out: Path) -> Path:
     return save(fig, out, "allreduce_time.png")
 
 
-def matmul_intensity(m: int, k: int, n: int, element_bytes: int = 2) -> float:
-    """FLOPs per byte of an (m x k) @ (k x n) matmul reading both inputs and writing the output once."""
-    return 2 * m * k * n / (element_bytes * (m * k + k * n + m * n))
-
-
 def roofline(out: Path) -> Path:
     """Attainable FLOP/s against arithmetic intensity: memory-bound left of the ridge, compute-bound right."""
     fig, ax = figure()
     xs = [10 ** (i / 20) for i in range(-30, 81)]
-    for gpu, hbm, color in ((H100, HBM_GBS["H100 HBM3"], BLUE), (A100, HBM_GBS["A100 HBM2e"], SAND)):
-        peak = gpu.peak("bf16") / 1e12
-        ax.plot(xs, [min(peak, x * hbm / 1e3) for x in xs], color=color, lw=3, label=f"{gpu.name}, bf16")
-        ridge = peak * 1e3 / hbm
-        ax.axvline(ridge, color=color, ls=":", lw=1.2)
+    for gpu, color in ((H100, BLUE), (A100, SAND)):
+        ax.plot(xs, [attainable_flops(gpu, x) / 1e12 for x in xs], color=color, lw=3, label=f"{gpu.name}, bf16")
+        edge = ridge(gpu)
+        ax.axvline(edge, color=color, ls=":", lw=1.2)
         right = gpu is H100
-        ax.text(ridge * (1.12 if right else 0.9), 0.4, f"ridge:\n{ridge:.0f} FLOP/byte", color=color, fontsize=12,
+        ax.text(edge * (1.12 if right else 0.9), 0.4, f"ridge:\n{edge:.0f} FLOP/byte", color=color, fontsize=12,
                 ha="left" if right else "right")
     # (label, intensity, where the label goes): sizes are tokens x hidden @ hidden x hidden, bf16
-    points = [("c = a + b (1 FLOP, 6 bytes)", 1 / 6, (0.22, 0.14)),
-              ("matmul, 16 tokens x 4096", matmul_intensity(16, 4096, 4096), (22, 4)),
-              ("matmul, 4096 tokens x 4096", matmul_intensity(4096, 4096, 4096), (420, 40))]
-    peak = H100.peak("bf16") / 1e12
+    e = BYTES["bf16"]
+    points = [(f"c = a + b (1 FLOP, {3 * e} bytes)", 1 / (3 * e), (0.22, 0.14)),
+              ("matmul, 16 tokens x 4096", matmul_intensity(16, 4096, 4096, e), (22, 4)),
+              ("matmul, 4096 tokens x 4096", matmul_intensity(4096, 4096, 4096, e), (420, 40))]
     for text, x, where in points:
-        y = min(peak, x * HBM_GBS["H100 HBM3"] / 1e3)
+        y = attainable_flops(H100, x) / 1e12
         ax.scatter([x], [y], s=90, color=RED, zorder=3)
         ax.annotate(f"{text}:\n{y:,.1f} TFLOP/s" if y < 10 else f"{text}:\n{y:,.0f} TFLOP/s", (x, y), xytext=where,
                     fontsize=12, arrowprops=dict(arrowstyle="-", color=RED, lw=1))

@@ -5,11 +5,11 @@ forward takes 1 unit, a backward 2, communication is free). Colours as the lab's
 
 from pathlib import Path
 
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Patch
 from matplotlib.ticker import PercentFormatter
 
 from plscale.predict import pipeline
-from plscale.slides.diagrams.style import BLUE, GREY, NAVY, RED, SAND, figure, save
+from plscale.slides.diagrams.style import BLUE, GREY, NAVY, RED, SAND, figure, rect, save
 from plscale.timeline import COLOURS
 
 FONT = 12
@@ -20,8 +20,7 @@ def _timeline(ax, ops, title: str, span: float, held: dict | None = None) -> Non
     p = max(op.rank for op in ops) + 1
     for op in ops:
         y = p - 1 - op.rank
-        ax.add_patch(Rectangle((op.start, y - 0.38), op.end - op.start, 0.76, facecolor=COLOURS[op.kind],
-                               edgecolor="white", lw=1.0))
+        rect(ax, op.start, y - 0.38, op.end - op.start, 0.76, COLOURS[op.kind], edge="white", lw=1.0)
         ax.text((op.start + op.end) / 2, y, str(op.micro), ha="center", va="center", fontsize=FONT - 1,
                 color="white", weight="bold")
     if held:

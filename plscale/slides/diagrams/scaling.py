@@ -1,19 +1,21 @@
 """Diagrams of deck 04, parallel computing, collectives and scaling laws (slides/04_parallel_computing).
 
-Collective bytes and times come from plscale.predict.busbw and plscale.predict.step_time, compute from
-plscale.predict.presets.flops_per_token, GPUs from plscale.predict.cluster. Amdahl's law and the
-Chinchilla fit are literature, their sources in comments here and on the slides.
+Collective bytes, schedules and times come from plscale.predict.busbw and plscale.predict.step_time,
+compute from plscale.predict.presets.flops_per_token and step_time.compute_seconds at published.LLAMA3_MFU,
+GPUs from plscale.predict.cluster. Amdahl's law and the Chinchilla fit are literature, their sources in
+comments here and on the slides.
 """
 
 from pathlib import Path
 
-from matplotlib.patches import Rectangle
-
-from plscale.predict.busbw import bus_factor, ring_bytes_sent
+from plscale.predict.busbw import bandwidths, bus_factor, naive_bytes_sent, ring_bytes_sent, ring_schedule
 from plscale.predict.cluster import GPUS
+from plscale.predict.memory import BYTES
 from plscale.predict.presets import flops_per_token, param_count, preset
-from plscale.predict.step_time import collective_seconds, link
-from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, save
+from plscale.predict.published import LLAMA3_MFU
+from plscale.predict.step_time import collective_seconds, compute_seconds, link
+from plscale.slides.diagrams.style import (BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, rect,
+                                           save)
 
 RANKS = [BLUE, SAND, GREEN, RED]
 H100 = GPUS["H100"]
@@ -50,10 +52,9 @@ def amdahl(out: Path) -> Path:
 def comm_vs_compute(out: Path) -> Path:
     """Data parallelism with a fixed batch: compute per GPU shrinks, the gradient all-reduce does not."""
     c, tokens = preset("7b"), 2**20                # 7B shape, a batch of 1M tokens (256 sequences of 4K)
-    grads = 2 * param_count(c)                     # bf16 gradients, bytes
-    mfu = 0.4                                      # as deck 01 (Llama 3 paper, table 4: 38-43 %)
-    ns = [2**k for k in range(9)]
-    compute = [flops_per_token(c, 4096) * tokens / (n * H100.peak("bf16") * mfu) for n in ns]
+    grads = BYTES["bf16"] * param_count(c)         # bf16 gradients, bytes
+    ns = [2**k for k in range(9)]                  # MFU as deck 01: published.LLAMA3_MFU (Llama 3 paper, table 4)
+    compute = [compute_seconds(flops_per_token(c, 4096) * tokens, n, H100, "bf16", LLAMA3_MFU) for n in ns]
     layouts = [("8 GPUs a node", 1, BLUE), ("1 GPU a node", 8, RED)]
     fig, (ax, ax2) = figure(ncols=2)
     ax.plot(ns, compute, "o-", color=GREEN, lw=2.5, label="compute per step, per GPU")
@@ -126,15 +127,11 @@ def ring(out: Path) -> Path:
     n = 4
     state = [[{r} for _ in range(n)] for r in range(n)]
     rows = [("start", [[set(s) for s in rank] for rank in state], set())]
-    for phase in ("reduce-scatter", "all-gather"):
-        for t in range(n - 1):
-            got = set()
-            for r in range(n):                       # all sends happen at once: read before writing
-                chunk = (r - t + (1 if phase == "all-gather" else 0)) % n
-                got.add(((r + 1) % n, chunk, frozenset(state[r][chunk])))
-            for dst, chunk, parts in got:
-                state[dst][chunk] = state[dst][chunk] | parts if phase == "reduce-scatter" else set(parts)
-            rows.append((f"{phase} {t + 1}", [[set(s) for s in rank] for rank in state], {(d, c) for d, c, _ in got}))
+    for phase, t, sends in ring_schedule(n):         # rank r sends chunk sends[r] to rank r + 1
+        got = {((r + 1) % n, chunk, frozenset(state[r][chunk])) for r, chunk in enumerate(sends)}  # all at once
+        for dst, chunk, parts in got:
+            state[dst][chunk] = state[dst][chunk] | parts if phase == "reduce-scatter" else set(parts)
+        rows.append((f"{phase} {t + 1}", [[set(s) for s in rank] for rank in state], {(d, c) for d, c, _ in got}))
     fig, ax = canvas(11, 5, ylim=(-0.1, 5))
     shades = {1: "#f1f4f8", 2: SKY, 3: BLUE, 4: NAVY}
     for r in range(n):
@@ -150,7 +147,7 @@ def ring(out: Path) -> Path:
                 box(ax, x, y, 0.45, 0.45, str(value), color=color, size=10,
                     text_color="white" if len(parts) > 2 else "black")
                 if (r, c) in fresh:
-                    ax.add_patch(Rectangle((x - 0.03, y - 0.03), 0.51, 0.51, fill=False, edgecolor=RED, lw=2.5))
+                    rect(ax, x - 0.03, y - 0.03, 0.51, 0.51, "none", edge=RED, lw=2.5)
     ax.text(5.5, -0.05, "every step, every rank sends one chunk (S/N bytes) to its right neighbour; "
             "red: the chunk just received", ha="center", fontsize=12, color=GREY)
     return save(fig, out, "ring.png")
@@ -166,7 +163,8 @@ def bytes_per_rank(out: Path) -> Path:
     ax.plot(ns, [bus_factor("all_gather", n) for n in ns], color=GREEN, lw=3,
             label="all-gather or reduce-scatter: (N-1)/N")
     # the naive all-reduce (plscale/rank/parallel/naive.py, labs/03_collectives/README.md): rank 0 sends (N-1) S
-    ax.plot(ns, [n - 1 for n in ns], color=RED, lw=3, ls="--", label="naive all-reduce, rank 0: N-1")
+    ax.plot(ns, [naive_bytes_sent(numel, n)[0] / numel for n in ns], color=RED, lw=3, ls="--",
+            label="naive all-reduce, rank 0: N-1")
     ax.set_yscale("log", base=2)
     ax.set_yticks([0.5, 1, 2, 4, 8, 16, 32, 64], ["0.5", "1", "2", "4", "8", "16", "32", "64"])
     ax.set_xlabel("ranks N")
@@ -185,8 +183,9 @@ def alpha_beta(out: Path) -> Path:
         bw, lat = link(H100, n, stride)
         times = [collective_seconds("all_reduce", s, n, (bw, lat)) for s in sizes]
         ax.plot(sizes, [t * 1e6 for t in times], color=color, lw=2.5, label=label)
-        ax.plot(sizes, [s * bus_factor("all_reduce", n) / bw * 1e6 for s in sizes], color=color, ls=":", lw=1.5)
-        ax2.plot(sizes, [s * bus_factor("all_reduce", n) / t / 1e9 for s, t in zip(sizes, times)], color=color,
+        ax.plot(sizes, [collective_seconds("all_reduce", s, n, (bw, 0)) * 1e6 for s in sizes], color=color, ls=":",
+                lw=1.5)                                 # the bandwidth term alone: no latency
+        ax2.plot(sizes, [bandwidths("all_reduce", s, t, n)[1] for s, t in zip(sizes, times)], color=color,
                  lw=2.5, label=f"{label}: peak {bw / 1e9:.0f} GB/s")
     ax.text(2**10.3, 400, "dotted: bandwidth term alone", fontsize=12, color=GREY)
     ticks = [2**10, 2**20, 2**30]
@@ -200,7 +199,7 @@ def alpha_beta(out: Path) -> Path:
     ax.legend(fontsize=11, loc="upper left")
     ax2.set_yscale("log")
     ax2.set_ylabel("bus bandwidth (GB/s, log)")
-    ax2.legend(fontsize=11, loc="upper left")
+    ax2.legend(fontsize=11, loc="lower right")
     return save(fig, out, "alpha_beta.png")
 
 

@@ -10,7 +10,8 @@ from plscale.predict.memory import Setup, estimate, gib
 from plscale.predict.plan import LABELS, Job, plan
 from plscale.predict.presets import param_count
 from plscale.predict.published import PUBLISHED, SHAPES
-from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, save
+from plscale.slides.diagrams.style import (BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, rect,
+                                           save)
 
 HELD, OFF = BLUE, "#e4e7eb"
 STRATEGIES = [  # (title, what it splits, how each GPU's share is chosen)
@@ -24,14 +25,14 @@ def _model(ax, x, y, kind, gpu):
     for layer in range(4):
         ly = y + 0.64 - layer * 0.19
         if kind == "ep":  # attention whole, the MLP as 4 experts, one per GPU
-            ax.add_patch(_rect(x, ly, 0.3, 0.14, HELD))
+            rect(ax, x, ly, 0.3, 0.14, HELD)
             for e in range(4):
-                ax.add_patch(_rect(x + 0.36 + e * 0.13, ly, 0.1, 0.14, HELD if e == gpu else OFF))
+                rect(ax, x + 0.36 + e * 0.13, ly, 0.1, 0.14, HELD if e == gpu else OFF)
         elif kind == "tp":
             for q in range(4):
-                ax.add_patch(_rect(x + q * 0.22, ly, 0.2, 0.14, HELD if q == gpu else OFF))
+                rect(ax, x + q * 0.22, ly, 0.2, 0.14, HELD if q == gpu else OFF)
         else:
-            ax.add_patch(_rect(x, ly, 0.86, 0.14, HELD if kind != "pp" or layer == gpu else OFF))
+            rect(ax, x, ly, 0.86, 0.14, HELD if kind != "pp" or layer == gpu else OFF)
 
 
 def _data(ax, x, y, kind, gpu):
@@ -39,12 +40,7 @@ def _data(ax, x, y, kind, gpu):
     for row in range(4):
         for col in range(8):
             mine = {"dp": row == gpu, "ep": row == gpu, "cp": col // 2 == gpu}.get(kind, True)
-            ax.add_patch(_rect(x + col * 0.1, y + 0.5 - row * 0.13, 0.085, 0.11, SAND if mine else OFF))
-
-
-def _rect(x, y, w, h, color):
-    from matplotlib.patches import Rectangle
-    return Rectangle((x, y), w, h, facecolor=color, edgecolor="none")
+            rect(ax, x + col * 0.1, y + 0.5 - row * 0.13, 0.085, 0.11, SAND if mine else OFF)
 
 
 def splits(out: Path) -> Path:

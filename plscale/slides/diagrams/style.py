@@ -1,4 +1,4 @@
-"""One look for every drawn diagram: the palette, a figure sized for a slide, boxes and arrows.
+"""One look for every drawn diagram: the palette, a figure sized for a slide, boxes, cells and arrows.
 
 A slide is 1280 x 720 px; a figure of the default size (11 x 5 in at 110 dpi, 1210 x 550 px)
 fills its width under a heading. `figure(h=4)` leaves room for two lines of text.
@@ -10,7 +10,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle  # noqa: E402
+
+from plscale.files import replacing  # noqa: E402
 
 DPI = 110
 NAVY, BLUE, SKY, SAND, RED, GREEN, GREY = "#1d3557", "#457b9d", "#a8dadc", "#e0a458", "#e63946", "#2a9d8f", "#8a8f99"
@@ -46,6 +48,11 @@ def box(ax, x: float, y: float, w: float, h: float, text: str = "", color: str =
                 weight=weight, wrap=True)
 
 
+def rect(ax, x: float, y: float, w: float, h: float, color: str, edge: str = "none", lw: float = 1.0):
+    """A plain rectangle (a cell of a grid, a bar of a timeline); (x, y) is its lower-left corner."""
+    return ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor=edge, linewidth=lw))
+
+
 def arrow(ax, start, end, color: str = NAVY, text: str = "", size: float = 11, style: str = "-|>",
           both: bool = False, rad: float = 0.0):
     """An arrow from start to end (x, y), optionally labelled at its middle."""
@@ -58,9 +65,9 @@ def arrow(ax, start, end, color: str = NAVY, text: str = "", size: float = 11, s
 
 def save(fig, out: Path, name: str) -> Path:
     """Write the figure as out/name (PNG), close it, return the path."""
-    out.mkdir(parents=True, exist_ok=True)
     path = out / name
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI, facecolor="white")
+    with replacing(path) as partial:  # an interrupted redraw leaves the committed figure whole
+        fig.savefig(partial, dpi=DPI, facecolor="white", format="png")
     plt.close(fig)
     return path

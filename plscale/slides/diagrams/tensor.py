@@ -100,7 +100,7 @@ def tp_links(out: Path) -> Path:
         return sum(step_time.collective_seconds(r.op, r.total, tp, link, r.calls) for r in rows)
 
     flops = recompute.step_flops(c, seq)
-    compute = (flops.forward + flops.backward) * seq * mb / tp / gpu.peak(precision)
+    compute = step_time.compute_seconds((flops.forward + flops.backward) * seq * mb, tp, gpu, precision)  # at peak
     bars = [("compute per rank,\nat bf16 peak", compute, BLUE),
             ("TP collectives,\n8 GPUs of one node\n(NVLink)", comm(step_time.link(gpu, tp, 1)), GREEN),
             ("TP collectives,\n8 GPUs on 8 nodes\n(network)", comm(step_time.link(gpu, tp, gpu.gpus_per_node)), RED)]

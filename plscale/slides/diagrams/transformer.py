@@ -72,7 +72,7 @@ def block(out: Path) -> Path:
     """One Llama block: pre-norm attention and a SwiGLU MLP, each around a residual connection."""
     fig, ax = canvas(11, 4.4, ylim=(0.15, 4.55))
     rows = [(3.0, "attention", [("RMSNorm", SKY, "black", 1.1), ("q, k, v\nlinears", SAND, "black", 1.3),
-                                ("RoPE on q, k; causal\nsoftmax(q kᵀ / √d) v", BLUE, "white", 2.6),
+                                ("RoPE on q, k; causal\nsoftmax(q kᵀ / √(d/a)) v", BLUE, "white", 2.6),
                                 ("o\nlinear", SAND, "black", 1.0)]),
             (0.9, "MLP", [("RMSNorm", SKY, "black", 1.1), ("gate, up\nlinears", SAND, "black", 1.3),
                           ("SwiGLU:\nSiLU(gate) × up", GREEN, "white", 2.6), ("down\nlinear", SAND, "black", 1.0)])]

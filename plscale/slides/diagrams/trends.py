@@ -5,19 +5,19 @@ in a comment here and on the slide."""
 
 from pathlib import Path
 
-from matplotlib.patches import Polygon, Rectangle
+from matplotlib.patches import Polygon
 
 from plscale.predict.checkpoint import waste_fraction, young_interval
 from plscale.predict.cluster import GPUS
 from plscale.predict.context_parallel import attention_work, chunks
-from plscale.predict.experts import expert_params
+from plscale.predict.experts import active_params, expert_params
 from plscale.predict.formats import FORMATS
 from plscale.predict.memory import Setup, estimate, gib
 from plscale.predict.pipeline import bubble_of, simulate
 from plscale.predict.presets import ModelConfig, flops_per_token, param_count
 from plscale.predict.published import SHAPES
 from plscale.slides.diagrams.style import (BLUE, GREEN, NAVY, PALETTE, RED, SAND, SKY, arrow, box, canvas,
-                                           figure, save)
+                                           figure, rect, save)
 
 RANKS = [BLUE, SAND, GREEN, RED]   # one colour per cp rank
 
@@ -39,7 +39,7 @@ def ring(out: Path) -> Path:
     for step in range(4):
         for r in range(4):
             block = (r - step) % 4   # at step t rank r holds the block of rank r - t
-            right.add_patch(_cell(step, r, RANKS[block]))
+            _cell(right, step, r, RANKS[block])
             right.text(step + 0.5, r + 0.5, f"K{block} V{block}", ha="center", va="center", fontsize=13,
                        color="black" if block == 1 else "white")
     right.set_xlim(0, 4), right.set_ylim(4, 0)
@@ -52,8 +52,9 @@ def ring(out: Path) -> Path:
     return save(fig, out, "ring.png")
 
 
-def _cell(x, y, color, w=1.0, h=1.0):
-    return Rectangle((x + 0.03, y + 0.03), w - 0.06, h - 0.06, facecolor=color, edgecolor="white")
+def _cell(ax, x, y, color, w=1.0, h=1.0):
+    """A grid cell with a white gap round it."""
+    rect(ax, x + 0.03, y + 0.03, w - 0.06, h - 0.06, color, edge="white")
 
 
 def zigzag(out: Path) -> Path:
@@ -65,7 +66,7 @@ def zigzag(out: Path) -> Path:
         owner = {c: r for r in range(cp) for c in chunks(cp, r, split)}
         for i in range(n):          # query chunk i sees key chunks 0..i (the diagonal one half)
             for j in range(i):
-                ax.add_patch(_cell(j, i, RANKS[owner[i]]))
+                _cell(ax, j, i, RANKS[owner[i]])
             ax.add_patch(Polygon([(i + 0.03, i + 0.1), (i + 0.03, i + 0.97), (i + 0.9, i + 0.97)],
                                  facecolor=RANKS[owner[i]]))
         ax.set_xlim(0, n), ax.set_ylim(n, 0), ax.set_aspect("equal")
@@ -88,8 +89,13 @@ def zigzag(out: Path) -> Path:
 def context(out: Path) -> Path:
     """Published context lengths by year; activations per GPU of Llama 3 8B against the sequence."""
     published = [  # model, year, context tokens: each model's paper or release note (named on the slide)
-        ("GPT-2", 2019.1, 1024), ("GPT-3", 2020.4, 2048), ("Llama 2", 2023.5, 4096), ("Llama 3", 2024.3, 8192),
-        ("Llama 3.1", 2024.55, 131072), ("Gemini 1.5", 2024.15, 1_000_000), ("Llama 4 Scout", 2025.3, 10_000_000)]
+        ("GPT-2", 2019.1, 1024),                      # Radford et al. 2019 (February)
+        ("GPT-3", 2020.4, 2048),                      # Brown et al. 2020 (May)
+        ("Llama 2", 2023.5, 4096),                    # Touvron et al. 2023 (July)
+        ("Llama 3", 2024.3, 8192),                    # Meta's Llama 3 release, April 2024
+        ("Llama 3.1", 2024.55, 131072),               # Grattafiori et al. 2024 (Llama 3.1 release, July)
+        ("Gemini 1.5", 2024.15, 1_000_000),           # Gemini Team, Google 2024 (February): 1M in production
+        ("Llama 4 Scout", 2025.3, 10_000_000)]        # Meta's Llama 4 release, April 2025
     fig, (left, right) = figure(11, 4.6, ncols=2)
     for name, year, tokens in published:
         left.scatter(year, tokens, s=60, color=NAVY, zorder=3)
@@ -117,11 +123,13 @@ def moe(out: Path) -> Path:
     """Total against active parameters of published mixture-of-experts models (one dense model beside them)."""
     mixtral = ModelConfig(vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, max_seq=32768,
                           tie_embeddings=False)   # Mixtral 8x7B's shape (Jiang et al. 2024): 8 experts, top-2
-    p = expert_params(mixtral, 8)
     models = [  # name, total, active parameters (billions); sources named on the slide
-        ("Mixtral 8x7B (2023)", p.total / 1e9, (p.dense + p.gates + p.experts * 2 // 8) / 1e9),
-        ("DBRX (2024)", 132, 36), ("DeepSeek-V3 (2024)", 671, 37), ("Qwen3-235B-A22B (2025)", 235, 22),
-        ("Llama 4 Maverick (2025)", 400, 17), ("Llama 3 405B, dense (2024)", 405, 405)]
+        ("Mixtral 8x7B (2023)", expert_params(mixtral, 8).total / 1e9, active_params(mixtral, 8, 2) / 1e9),
+        ("DBRX (2024)", 132, 36),                     # Databricks, "Introducing DBRX", March 2024
+        ("DeepSeek-V3 (2024)", 671, 37),              # DeepSeek-AI 2024, technical report
+        ("Qwen3-235B-A22B (2025)", 235, 22),          # Qwen Team 2025, Qwen3 release / technical report
+        ("Llama 4 Maverick (2025)", 400, 17),         # Meta's Llama 4 release, April 2025
+        ("Llama 3 405B, dense (2024)", 405, 405)]     # Grattafiori et al. 2024
     fig, ax = figure(11, 4.5)
     for i, (name, total, active) in enumerate(models):
         ax.barh(i, total, color=SKY, height=0.6, label="total" if i == 0 else None)
@@ -147,12 +155,12 @@ def fp8(out: Path) -> Path:
                 va="center")
         colors = [RED] + [SAND] * f.exponent_bits + [BLUE] * f.mantissa_bits
         for k, color in enumerate(colors):
-            ax.add_patch(Rectangle((1.3 + k * cell, y), cell - 0.02, 0.4, facecolor=color))
+            rect(ax, 1.3 + k * cell, y, cell - 0.02, 0.4, color)
         big = f"{f.max:,.0f}" if f.max < 1e6 else f"{f.max:.2e}"
         ax.text(7.0, y + 0.2, big, fontsize=13, va="center")
         ax.text(8.9, y + 0.2, f"$2^{{-{f.mantissa_bits}}}$ = {f.epsilon:.2g}", fontsize=13, va="center")
     for x, label, color in ((1.3, "sign", RED), (2.6, "exponent: range", SAND), (5.0, "mantissa: precision", BLUE)):
-        ax.add_patch(Rectangle((x, 0.05), 0.3, 0.3, facecolor=color))
+        rect(ax, x, 0.05, 0.3, 0.3, color)
         ax.text(x + 0.4, 0.2, label, fontsize=12, va="center")
     return save(fig, out, "fp8.png")
 
@@ -205,8 +213,11 @@ def failures(out: Path) -> Path:
 
 def compute(out: Path) -> Path:
     """Training compute and GPUs (accelerators) of one job, published runs by year."""
+    # each paper's own figure (named on the slide): Brown et al. 2020, Hoffmann et al. 2022, Chowdhery et al. 2022,
+    # Grattafiori et al. 2024; chips: Narayanan et al. 2021, BigScience 2022, Zhang et al. 2022, Chowdhery et al.
+    # 2022, DeepSeek-AI 2024, Grattafiori et al. 2024
     flops = [("GPT-3", 2020.4, 3.14e23), ("Chinchilla", 2022.2, 5.76e23), ("PaLM", 2022.3, 2.56e24),
-             ("Llama 3 405B", 2024.5, 3.8e25)]   # each paper's own figure (named on the slide)
+             ("Llama 3 405B", 2024.5, 3.8e25)]
     chips = [("Megatron-LM 1T", 2021.3, 3072), ("BLOOM", 2022.5, 384), ("OPT-175B", 2022.4, 992),
              ("PaLM (TPU v4)", 2022.3, 6144), ("DeepSeek-V3", 2024.95, 2048), ("Llama 3 405B", 2024.5, 16384)]
     llama = SHAPES["llama3-405b"]

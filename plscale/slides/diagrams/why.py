@@ -1,16 +1,18 @@
 """Diagrams of deck 01, why parallelism matters (slides/01_why_parallelism).
 
 Memory comes from plscale.predict.memory (model states and activations), compute from
-plscale.predict.presets.flops_per_token, GPU memory and peak FLOP/s from plscale.predict.cluster.
+plscale.predict.presets.flops_per_token and plscale.predict.step_time.compute_seconds at the MFU
+plscale.predict.published.LLAMA3_MFU, GPU memory and peak FLOP/s from plscale.predict.cluster.
 Literature constants carry their source in a comment here and on the slide.
 """
 
 from pathlib import Path
 
 from plscale.predict.cluster import GPUS
-from plscale.predict.memory import LABELS, Setup, estimate, gib
+from plscale.predict.memory import BYTES, LABELS, Setup, estimate, gib
 from plscale.predict.presets import flops_per_token, param_count, preset
-from plscale.predict.published import SHAPES
+from plscale.predict.published import LLAMA3_MFU, SHAPES
+from plscale.predict.step_time import compute_seconds
 from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, box, canvas, figure, save
 
 GiB = 2**30
@@ -19,14 +21,15 @@ GiB = 2**30
 MODELS = [("GPT-2 1.5B", 2019, 1.5e9), ("GPT-3 175B", 2020, 175e9), ("PaLM 540B", 2022, 540e9),
           ("Llama 3 405B", 2024, 405e9)]
 # GPUs: V100 32 GB (NVIDIA V100 datasheet, 2018) is not in plscale.predict.cluster; the others are.
+# Years, as NVIDIA announced them: V100 32GB GTC March 2018, A100 80GB November 2020, H100 GTC March 2022,
+# H200 shipping 2024 (announced November 2023).
 V100_BYTES = 32 * GiB
 GPU_YEARS = [("V100 32GB", 2018, V100_BYTES), ("A100 80GB", 2020, GPUS["A100"].memory),
              ("H100 80GB", 2022, GPUS["H100"].memory), ("H200 141GB", 2024, GPUS["H200"].memory)]
 # Training runs, literature: Llama 2 7B on 2T tokens (Touvron et al. 2023), Llama 3 70B on 15T tokens
-# (Grattafiori et al. 2024). MFU 40 %: Llama 3's 405B pre-training ran at 38-43 % BF16 MFU (its table 4).
+# (Grattafiori et al. 2024). MFU: plscale.predict.published.LLAMA3_MFU, 40 % (Llama 3 paper, table 4: 38-43 %).
 RUNS = [("7B (Llama 2 shape), 2T tokens", preset("7b"), 2e12),
         ("70B (Llama 3 shape), 15T tokens", SHAPES["llama3-70b"], 15e12)]
-MFU = 0.40
 SEQ = 4096
 DAY = 86400
 
@@ -42,7 +45,7 @@ def model_vs_gpu(out: Path) -> Path:
         ax.scatter([year], [states], s=120, color=RED, zorder=3,
                    label=f"training: weights, grads, Adam ({per:.0f} bytes a parameter)" if not i else None)
         ax.scatter([year], [weights], s=90, color=SAND, marker="s", zorder=3,
-                   label="weights alone (bf16, 2 bytes)" if not i else None)
+                   label=f"weights alone (bf16, {BYTES['bf16']} bytes)" if not i else None)
         ax.annotate(f"{name}\n{states:,.0f} GiB", (year, states), textcoords="offset points",
                     xytext=(12, -38 if states < 100 else -6),
                     fontsize=12, color=NAVY)
@@ -94,13 +97,13 @@ def memory_by_role(out: Path) -> Path:
 
 
 def compute_days(out: Path) -> Path:
-    """Days to train on H100s at 40 % MFU, perfect scaling: one GPU against thousands."""
+    """Days to train on H100s at Llama 3's MFU (40 %), perfect scaling: one GPU against thousands."""
     fig, ax = figure()
     gpu = GPUS["H100"]
     counts = [1, 8, 64, 512, 4096, 16384]
     for (label, c, tokens), color in zip(RUNS, [BLUE, RED]):
         flops = flops_per_token(c, SEQ) * tokens
-        days = [flops / (n * gpu.peak("bf16") * MFU) / DAY for n in counts]
+        days = [compute_seconds(flops, n, gpu, "bf16", LLAMA3_MFU) / DAY for n in counts]
         ax.plot(counts, days, "o-", color=color, lw=2.5, ms=8, label=f"{label}: {_sci(flops)} FLOPs")
         ax.annotate(f"{days[0] / 365:,.1f} years", (1, days[0]), textcoords="offset points", xytext=(12, 4),
                     fontsize=13, color=color, weight="bold")
