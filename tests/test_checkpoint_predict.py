@@ -205,3 +205,12 @@ def test_interval_chart_writes_a_png(tmp_path):
     interval_chart([("sync", 30.0, 2.0), ("async", 3.0, 2.0), ("ZeRO-3 local", 0.5, 1.0)], DAY, path,
                    title="three strategies", restart_s=60)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_job_mtbf_scales_inversely_with_gpus_from_an_observed_rate():
+    from plscale.predict.checkpoint import job_mtbf_hours
+    from plscale.predict.published import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_INTERRUPTIONS
+
+    at_llama3 = job_mtbf_hours(LLAMA3_GPUS, LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS)
+    assert at_llama3 == pytest.approx(54 * 24 / 419)  # one interruption about every 3.1 h, as the paper reports
+    assert job_mtbf_hours(LLAMA3_GPUS // 2, LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS) == pytest.approx(2 * at_llama3)

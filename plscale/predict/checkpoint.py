@@ -64,6 +64,12 @@ _STAGE3_META = (1892, 472)          # stage 3's model-states file: names and emp
 _PARTITION_META = {1: (3667, 64), 2: (3667, 64), 3: (4100, 0)}
 
 
+def job_mtbf_hours(gpus: int, interruptions: int, days: float, observed_gpus: int) -> float:
+    """Hours between failures of a job on `gpus` GPUs, at the failure rate per GPU of an observed run
+    (`interruptions` in `days` on `observed_gpus`), failures growing in proportion to the GPUs."""
+    return days * 24 * observed_gpus / interruptions / gpus
+
+
 def young_interval(stall_s: float, mtbf_s: float) -> float:
     """Seconds of training between checkpoints that minimise the first-order waste: sqrt(2δM)."""
     _check_stall_mtbf(stall_s, mtbf_s)

@@ -41,6 +41,10 @@ from plscale.predict.presets import PRESETS, ModelConfig
 # (plan.Job.efficiency, 0.5) is its own stated assumption, not this figure.
 LLAMA3_MFU = 0.40
 
+# Failures at scale (slides 11 and 12): Llama 3's pre-training saw 419 unexpected interruptions in a
+# 54-day snapshot on 16,384 H100 GPUs (Grattafiori et al. 2024, section 3.3.4).
+LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
+
 SHAPES = {
     "llama3-8b": ModelConfig(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336,
                              max_seq=8192, tie_embeddings=False, rope_theta=500_000.0),

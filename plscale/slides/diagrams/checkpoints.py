@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from plscale.predict.checkpoint import waste_fraction, young_interval
+from plscale.predict.checkpoint import job_mtbf_hours, waste_fraction, young_interval
+from plscale.predict.published import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_INTERRUPTIONS
 from plscale.slides.diagrams.style import (
     BLUE,
     GREEN,
@@ -24,9 +25,6 @@ from plscale.slides.diagrams.style import (
     save,
 )
 
-# Literature: Llama 3 (Grattafiori et al., 2024, section 3.3.4): 419 unexpected interruptions
-# in a 54-day snapshot of pre-training on 16,384 H100 GPUs.
-LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 STALL_S = 30.0   # an assumed checkpoint stall, said on the slide
 
 
@@ -73,8 +71,7 @@ def timelines(out: Path) -> Path:
 def failures_at_scale(out: Path) -> Path:
     """Left: job MTBF against GPUs. Right: Young's interval and its time lost for a 30 s stall."""
     gpus = np.logspace(np.log10(8), np.log10(32_768), 60)
-    per_gpu_h = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS   # one GPU's share of the failures
-    mtbf_h = per_gpu_h / gpus
+    mtbf_h = job_mtbf_hours(gpus, LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS)
     interval_min = [young_interval(STALL_S, m * 3600) / 60 for m in mtbf_h]
     lost = [100 * waste_fraction(young_interval(STALL_S, m * 3600), STALL_S, m * 3600) for m in mtbf_h]
     fig, (left, right) = figure(11, 4.3, ncols=2)
@@ -83,7 +80,7 @@ def failures_at_scale(out: Path) -> Path:
     left.set_ylabel("job MTBF (hours)")
     left.set_title("one failure every ...", fontsize=14)
     left.axvline(LLAMA3_GPUS, color=GREY, linestyle=":")
-    at = LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS
+    at = job_mtbf_hours(LLAMA3_GPUS, LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS)
     left.plot([LLAMA3_GPUS], [at], "o", color=RED, markersize=8)
     left.text(LLAMA3_GPUS * 0.7, at * 0.8, f"Llama 3: 16K GPUs,\none every {at:.0f} h", ha="right", va="top",
               fontsize=12, color=RED)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from matplotlib.patches import Polygon
 
-from plscale.predict.checkpoint import waste_fraction, young_interval
+from plscale.predict.checkpoint import job_mtbf_hours, waste_fraction, young_interval
+from plscale.predict.published import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_INTERRUPTIONS
 from plscale.predict.cluster import GPUS
 from plscale.predict.context_parallel import attention_work, chunks
 from plscale.predict.experts import active_params, expert_params
@@ -181,20 +182,15 @@ def bubbles(out: Path) -> Path:
     return save(fig, out, "zero_bubble.png")
 
 
-# Llama 3 (Grattafiori et al. 2024, section 3.3.4): 419 unexpected interruptions in a 54-day
-# snapshot of pre-training on 16,384 H100 GPUs.
-LLAMA3_FAILURES, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
-
-
 def failures(out: Path) -> Path:
     """Job MTBF against GPUs at Llama 3's failure rate per GPU; time lost at Young's interval."""
-    per_gpu_h = LLAMA3_DAYS * 24 * LLAMA3_GPUS / LLAMA3_FAILURES     # hours between failures of one GPU's share
     gpus = [2**k for k in range(10, 17)]
-    mtbf_h = [per_gpu_h / n for n in gpus]
+    mtbf_h = [job_mtbf_hours(n, LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS) for n in gpus]
     fig, (left, right) = figure(11, 4.5, ncols=2)
     left.loglog(gpus, mtbf_h, "o-", color=NAVY)
-    left.scatter([LLAMA3_GPUS], [per_gpu_h / LLAMA3_GPUS], s=120, color=RED, zorder=3)
-    left.annotate(f"Llama 3: {per_gpu_h / LLAMA3_GPUS:.1f} h", (LLAMA3_GPUS, per_gpu_h / LLAMA3_GPUS),
+    at = job_mtbf_hours(LLAMA3_GPUS, LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS)
+    left.scatter([LLAMA3_GPUS], [at], s=120, color=RED, zorder=3)
+    left.annotate(f"Llama 3: {at:.1f} h", (LLAMA3_GPUS, at),
                   xytext=(10, 10), textcoords="offset points", fontsize=12, color=RED)
     left.set_xlabel("GPUs in the job"), left.set_ylabel("mean time between failures (h)")
     left.set_yticks([0.5, 1, 2, 5, 10, 20, 50], ["0.5", "1", "2", "5", "10", "20", "50"])
