@@ -9,9 +9,9 @@ the same preset and initial weights train side by side in every rank, on random 
 a ZeRO-2 DeepSpeed engine (plscale.dsconfig.spec, micro batch 2) and a plain torch copy in
 DDP with torch.optim.AdamW (DCP does not speak the DeepSpeed engine). Paths:
 
-  DeepSpeed sync   plscale.rank.checkpoint.sealed.save: engine.save_checkpoint into .partial/,
+  DeepSpeed sync   plscale.strategies.checkpoint.sealed.save: engine.save_checkpoint into .partial/,
                    each rank's RNG file, manifest of checksums, fsync, rename, `latest`.
-  plscale async    plscale.rank.checkpoint.asynchronous.Async(every=1): the same files
+  plscale async    plscale.strategies.checkpoint.asynchronous.Async(every=1): the same files
                    written to /dev/shm (the stall), then copied, checksummed, fsynced and
                    sealed by a background thread per rank while training goes on.
   DCP sync         get_state_dict(ddp, opt) + dcp.save({model, optim}).
@@ -64,8 +64,8 @@ from plscale.ckpt import store  # noqa: E402
 from plscale.dsconfig.spec import DSSpec, build  # noqa: E402
 from plscale.predict.presets import preset  # noqa: E402
 from plscale.rank import distributed  # noqa: E402
-from plscale.rank.checkpoint import sealed  # noqa: E402
-from plscale.rank.checkpoint.asynchronous import Async  # noqa: E402
+from plscale.strategies.checkpoint import sealed  # noqa: E402
+from plscale.strategies.checkpoint.asynchronous import Async  # noqa: E402
 from plscale.rank.models.llama import Llama  # noqa: E402
 
 PATHS = ("DeepSpeed sync", "plscale async", "DCP sync", "DCP async")

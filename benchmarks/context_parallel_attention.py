@@ -36,7 +36,7 @@ Short sequences get more timed calls per round (8 at seq <= max/8, 4 at max/4, e
 
 Measured on this machine (2 CPU cores, shared; 2026-11-23), the defaults, 42 s in all, with
 the machine otherwise idle (other processes: 2% of the CPU). Ring attention's chunk pairs run
-PyTorch's fused CPU flash-attention kernel (plscale/rank/context_parallel/ring_attention.py):
+PyTorch's fused CPU flash-attention kernel (plscale/strategies/context_parallel/ring_attention.py):
 
     causal attention, forward + backward: batch 1 x 4 heads x head_dim 64, cpu, float32, 1 thread per rank; cp 2 over 2 gloo ranks; median of every timed call (2 rounds of 8 at 1024, 4 at 2048, 1 at 4096, 1 at 8192)
         seq  method        step ms  vs one rank  wall max/min  comp max/min (pred)  sys CPU   ms per rank: wall (compute)
@@ -182,8 +182,8 @@ def ranks(args) -> None:
     from plscale.predict.context_parallel import positions
     from plscale.rank import distributed
     from plscale.rank.census import saved_activations
-    from plscale.rank.context_parallel import ring_attention as ring
-    from plscale.rank.context_parallel import ulysses
+    from plscale.strategies.context_parallel import ring_attention as ring
+    from plscale.strategies.context_parallel import ulysses
     from plscale.rank.mesh import Mesh
 
     d = distributed.init()  # deepspeed.init_distributed too: Ulysses talks through DeepSpeed's comm

@@ -44,7 +44,7 @@ print("  GPU target (pretrained encoder >= 90 %): not measured by this run.")
 print(f"  run directory: {summary['run_dir']}")
 
 if args.plot:
-    from plscale.plots import line_plot
+    from plscale.charts.plots import line_plot
 
     FIGURES.mkdir(parents=True, exist_ok=True)
     steps = range(len(summary["losses"]))

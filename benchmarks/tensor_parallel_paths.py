@@ -7,7 +7,7 @@ and what the hand-written layers cost at tp=1 against the dense Llama.
 
 1. Paths (tp 2 over 2 ranks; the script re-launches itself under torchrun, 1 thread per
    rank; DS_ACCELERATOR=cpu and gloo unless 2 GPUs are visible). Every path is
-   `plscale.rank.tensor_parallel.side_by_side.run`, as in lab 07: it starts from the dense
+   `plscale.strategies.tensor_parallel.side_by_side.run`, as in lab 07: it starts from the dense
    Llama's initial weights (torch.manual_seed(0)), trains --steps AdamW steps (the lab's
    DeepSpeed config: ZeRO 0, fp32, micro batch 4, lr 1e-3, no clipping) on the same random
    token batches (one seeded generator per step, the same on both ranks of the group), and
@@ -133,7 +133,7 @@ def ranks(args) -> None:
     from plscale.rank import distributed
     from plscale.rank.mesh import Mesh
     from plscale.rank.models.llama import Llama
-    from plscale.rank.tensor_parallel import side_by_side
+    from plscale.strategies.tensor_parallel import side_by_side
 
     d = distributed.init()
     T = d.world_size
@@ -247,7 +247,7 @@ def tp1(args) -> None:
     from plscale.dsconfig.spec import DSSpec, build
     from plscale.rank.models.llama import Llama
     from plscale.rank.optim import optimizer
-    from plscale.rank.tensor_parallel.llama import TensorParallelLlama
+    from plscale.strategies.tensor_parallel.llama import TensorParallelLlama
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")

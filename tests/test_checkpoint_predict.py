@@ -5,7 +5,7 @@ import math
 import pytest
 
 from plscale.errors import UserError
-from plscale.plots import interval_chart
+from plscale.charts.plots import interval_chart
 from plscale.predict.checkpoint import (checkpoint_bytes, daly_interval, expected_steps_lost, tensor_sizes,
                                         waste_fraction, worst_steps_lost, young_interval)
 from plscale.predict.presets import PRESETS, param_count

@@ -1,7 +1,7 @@
 """`plscale ckpt ls/verify/convert` on real checkpoints written by 2 CPU ranks.
 
 The module's fixture trains the tiny model at ZeRO-2 and ZeRO-0 and saves steps 2 and 4
-through plscale.rank.checkpoint.sealed, beside the model's own state dict at each step (see
+through plscale.strategies.checkpoint.sealed, beside the model's own state dict at each step (see
 tests/helpers/save_checkpoints.py). Conversions must give that state dict back exactly.
 """
 
@@ -181,7 +181,7 @@ def test_delta_checkpoint_is_rebuilt_before_converting(saved, tmp_path):
     shutil.copytree(saved / "stage2", root)
     meta = {k: v for k, v in store.read_manifest(root / NEWEST).items() if k not in ("format", "tag", "created",
                                                                                        "files")}
-    snapshot = tmp_path / "snapshot"  # as plscale.rank.checkpoint.incremental does it
+    snapshot = tmp_path / "snapshot"  # as plscale.strategies.checkpoint.incremental does it
     os.replace(root / NEWEST, snapshot)
     originals = store.file_table(snapshot)
     delta.encode_into(snapshot, root / OLDER, store.partial_dir(root, NEWEST), list(originals))

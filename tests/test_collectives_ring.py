@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from plscale.rank.parallel.naive import naive_all_reduce
-from plscale.rank.parallel.ring import ring_all_reduce
+from plscale.strategies.collectives.naive import naive_all_reduce
+from plscale.strategies.collectives.ring import ring_all_reduce
 
 WORLDS = (2, 3, 4)
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]

@@ -53,8 +53,8 @@ def _attention_gaps(attend, local, heads, kv_heads, causal, seed) -> list[float]
 def _cases(rank, world):
     from plscale.predict.context_parallel import positions
     from plscale.rank.census import saved_activations
-    from plscale.rank.context_parallel import ring_attention as ring, ulysses
-    from plscale.rank.context_parallel.llama import ContextParallelLlama, split_batch
+    from plscale.strategies.context_parallel import ring_attention as ring, ulysses
+    from plscale.strategies.context_parallel.llama import ContextParallelLlama, split_batch
     from plscale.rank.mesh import Mesh
     from plscale.rank.models.llama import Llama
 

@@ -22,7 +22,7 @@ def _one_step(mesh, attention, split, stage, data):
     largest entry; norm of all moves / norm of the dense gradient)."""
     import deepspeed
 
-    from plscale.rank.context_parallel.llama import ContextParallelLlama, split_batch
+    from plscale.strategies.context_parallel.llama import ContextParallelLlama, split_batch
     from plscale.rank.mesh import MegatronMPU
     from plscale.rank.models.llama import Llama
 

@@ -53,7 +53,7 @@ def _run(layer, x, w):
 def _layer_case(layer, full, xs, ws, rank, first, ep_ranks):
     """The sharded layer on this rank's micro-batch against the unsharded layer on every rank's.
     An expert's gradient gathers the tokens of the ranks in its ep group (edp sums the rest later)."""
-    from plscale.rank.experts.dispatch import TALLY
+    from plscale.strategies.experts.dispatch import TALLY
 
     want = []
     for r in range(len(xs)):
@@ -73,7 +73,7 @@ def _layer_case(layer, full, xs, ws, rank, first, ep_ranks):
 
 
 def _layers(mesh, world, rank, ep, impls):
-    from plscale.rank.experts.layer import MoEMLP, deepspeed_moe
+    from plscale.strategies.experts.layer import MoEMLP, deepspeed_moe
 
     group, out = mesh.group("ep"), {}
     for k in (1, 2):
@@ -96,7 +96,7 @@ def _layers(mesh, world, rank, ep, impls):
 def _router_vs_deepspeed():
     from deepspeed.moe.sharded_moe import top1gating, top2gating
 
-    from plscale.rank.experts.router import route
+    from plscale.strategies.experts.router import route
 
     gating = {1: lambda logits: top1gating(logits, 1.0, 4, noisy_gate_policy=None, drop_tokens=True, use_rts=False),
               2: lambda logits: top2gating(logits, 1.0, 4, drop_tokens=True, top2_2nd_expert_sampling=False)}
@@ -128,7 +128,7 @@ def _training(mesh, world, rank, impl):
     against the unsharded model's (Adam barely notices a gradient scaled by a constant: the losses
     alone would not catch an expert gradient divided by edp instead of dp)."""
     from plscale.dsconfig.spec import DSSpec, build
-    from plscale.rank.experts.llama import MoELlama, backward, initialize
+    from plscale.strategies.experts.llama import MoELlama, backward, initialize
     from plscale.rank.reference import reference_losses
 
     ds = build(DSSpec(micro_batch=B, world_size=world, grad_clip=0.0, lr=LR))

@@ -8,7 +8,7 @@ import torch
 import torch.multiprocessing as mp
 
 from plscale.errors import UserError
-from plscale.rank.sampler import ShardedSampler
+from plscale.strategies.data_parallel.sampler import ShardedSampler
 
 
 @pytest.mark.parametrize("n,world", [(10, 2), (11, 2), (7, 4), (8, 8), (9, 8), (1000, 3)])
@@ -50,7 +50,7 @@ def test_more_ranks_than_samples():
 def _gather_worker(rank, world, init_file, results):
     import torch.distributed as dist
 
-    from plscale.rank import gather
+    from plscale.strategies.data_parallel import gather
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     n = 5

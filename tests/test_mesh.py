@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from conftest import run_cli
 from plscale.errors import UserError
-from plscale.mesh import DIMS, Layout
+from plscale.predict.grid import DIMS, Layout
 
 SINGLE = ("tp", "cp", "dp", "pp", "ep", "edp")
 COMBOS = ("dp-cp", "tp-pp", "tp-cp", "tp-dp", "tp-dp-cp", "tp-ep", "tp-ep-pp", "ep-edp")
@@ -149,7 +149,7 @@ def test_cli_imports_neither_torch_nor_deepspeed(tmp_path):
                              "--tp", "2", "--png", str(tmp_path / "m.png")], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     modules = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
-    assert "plscale.mesh" in modules and "matplotlib" in modules
+    assert "plscale.predict.grid" in modules and "matplotlib" in modules
     assert not [m for m in modules if m.split(".")[0] in ("torch", "deepspeed")]
 
 

@@ -167,7 +167,7 @@ def test_engines_refuse_micro_batches_whose_shape_changes():
     """Receivers allocate (micro, seq, hidden) before the data arrives: a new shape would hang,
     fail on another rank or abort the process (measured), so every engine refuses it first."""
     from plscale.errors import UserError
-    from plscale.rank.pipeline.stages import one_shape
+    from plscale.strategies.pipeline.stages import one_shape
 
     pair = lambda b, s: (torch.zeros(b, s, dtype=torch.long), torch.zeros(b, s, dtype=torch.long))  # noqa: E731
     assert one_shape([pair(2, 32)] * 4, None, "x") == (2, 32)

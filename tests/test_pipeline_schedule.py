@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from conftest import run_cli
-from plscale import timeline
+from plscale.charts import timeline
 from plscale.predict import pipeline as pp
 
 PNG = b"\x89PNG\r\n\x1a\n"

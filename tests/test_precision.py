@@ -20,7 +20,8 @@ from plscale.errors import UserError
 from plscale.predict import memory
 from plscale.predict.formats import FORMATS
 from plscale.predict.presets import ModelConfig
-from plscale.rank import fp8, loss_scaling, taps
+from plscale.strategies.precision import fp8, loss_scaling
+from plscale.rank import taps
 
 TINY = ModelConfig(vocab=256, hidden=64, layers=2, heads=4, kv_heads=4, ffn=128, max_seq=64)
 E4M3, E5M2, FP16 = FORMATS["e4m3"], FORMATS["e5m2"], FORMATS["fp16"]

@@ -1,4 +1,4 @@
-"""Recomputation on plscale's Llama (plscale/rank/recompute.py) and the allocator's history it is
+"""Recomputation on plscale's Llama (plscale/strategies/recompute/llama.py) and the allocator's history it is
 measured with (plscale/rank/allocations.py): every strategy, DeepSpeed's checkpointing included,
 gives no recomputation's loss and gradients exactly, with dropout too; only the recomputed layers
 run again in backward, and what they keep is the memory model's. The model's grid of strategies,
@@ -15,7 +15,8 @@ import torch.distributed as dist
 from plscale.errors import UserError
 from plscale.predict import memory
 from plscale.predict.presets import PRESETS
-from plscale.rank import allocations, recompute
+from plscale.rank import allocations
+from plscale.strategies.recompute import llama as recompute
 from plscale.rank.models.llama import Llama
 
 SEQ, BATCH = 64, 2
@@ -156,7 +157,7 @@ def test_bad_strategy_or_layers_and_double_application_are_refused():
 def test_layer_picture_shows_what_a_recomputed_layer_reads_back_and_reruns(monkeypatch, tmp_path):
     """layers.png's backward: a recomputed layer's bar is what the forward kept, read back, with its
     rerun stacked on it; every value label sits above its bar's stack; one name for the head."""
-    from plscale import recompute_charts
+    from plscale.charts import recompute as recompute_charts
 
     MiB, drawn = 2**20, {}
     monkeypatch.setattr(recompute_charts, "_save", lambda fig, axes, path, columns: drawn.update(axes=axes))

@@ -26,7 +26,8 @@ from plscale.predict.activations import (
 from plscale.predict.formats import FORMATS
 from plscale.predict.memory import Setup, estimate
 from plscale.predict.presets import PRESETS, flops_per_token, layer_params
-from plscale.rank import allocations, recompute
+from plscale.rank import allocations
+from plscale.strategies.recompute import llama as recompute
 from plscale.rank.models.llama import Llama
 
 TINY = PRESETS["tiny"]                      # h 128, a 4, L 2, f 384, V 2048
@@ -51,10 +52,10 @@ def setup_of(config, strategy: str, precision: str) -> Setup:
 
 @cache
 def measured(config, strategy: str, precision: str) -> tuple[int, tuple[int, ...]]:
-    """One forward and backward of a Llama under plscale.rank.recompute, as the lab runs it:
+    """One forward and backward of a Llama under plscale.strategies.recompute.llama, as the lab runs it:
     the bytes the forward allocated and still held at its end (torch.utils.checkpoint keeps its
     inputs where no saved-tensors hook sees them), and per layer what its rerun inside the backward
-    allocated and still held when it ended (plscale.rank.recompute.measured_layers)."""
+    allocated and still held when it ended (plscale.strategies.recompute.llama.measured_layers)."""
     torch.manual_seed(0)
     ds = {"train_micro_batch_size_per_gpu": BATCH, "activation_checkpointing": {
         "partition_activations": False, "contiguous_memory_optimization": False, "cpu_checkpointing": False}}

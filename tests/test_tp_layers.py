@@ -37,8 +37,8 @@ def _sharded_like(tp_model, dense_values):
 def _cases(rank, world):
     from plscale.rank.mesh import Mesh
     from plscale.rank.models.llama import Llama
-    from plscale.rank.tensor_parallel import layers, operators as ops
-    from plscale.rank.tensor_parallel.llama import TensorParallelLlama
+    from plscale.strategies.tensor_parallel import layers, operators as ops
+    from plscale.strategies.tensor_parallel.llama import TensorParallelLlama
 
     mesh = Mesh.build(tp=world, dims=("tp",))
     group, out = mesh.group("tp"), {}
@@ -66,7 +66,7 @@ def _cases(rank, world):
 
     # Attention alone (grouped-query: 8 query heads, 4 key/value heads, split over the ranks)
     from plscale.rank.models.llama import Attention, rope_tables
-    from plscale.rank.tensor_parallel.llama import ParallelAttention
+    from plscale.strategies.tensor_parallel.llama import ParallelAttention
     torch.manual_seed(2)
     attn = Attention(CONFIG).double()
     cos, sin = rope_tables(CONFIG.head_dim, S, CONFIG.rope_theta)
@@ -166,8 +166,8 @@ def test_tally_matches_prediction(results, world, sp):
 @pytest.mark.parametrize("world", WORLDS)
 def test_megatron_mpu_gives_deepspeed_the_mesh_groups(results, world):
     """DeepSpeed reads the groups through Megatron's mpu interface: tp groups of neighbours,
-    dp groups across them (plscale.mesh's Megatron order), pipeline of one."""
-    from plscale.mesh import Layout
+    dp groups across them (plscale.predict.grid's Megatron order), pipeline of one."""
+    from plscale.predict.grid import Layout
     layout = Layout(world, tp=2)
     for r in range(world):
         got = results[(world, r)]["mpu"]

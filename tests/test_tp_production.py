@@ -65,7 +65,7 @@ def _dtensor(mesh, sequence_parallel: bool) -> dict:
     from torch.distributed.tensor.debug import CommDebugMode
 
     from plscale.rank.optim import optimizer
-    from plscale.rank.tensor_parallel import dtensor_path
+    from plscale.strategies.tensor_parallel import dtensor_path
 
     dense, x, y = _setup()
     model = dtensor_path.parallelize(copy.deepcopy(dense), mesh.group("tp"), sequence_parallel)
@@ -106,7 +106,7 @@ def _dtensor(mesh, sequence_parallel: bool) -> dict:
 def _autotp(mesh) -> dict:
     import copy
 
-    from plscale.rank.tensor_parallel import autotp_path
+    from plscale.strategies.tensor_parallel import autotp_path
 
     dense, x, y = _setup()
     ds_config = build(DSSpec(micro_batch=2, world_size=WORLD // 2, grad_clip=CLIP, lr=LR, autotp_size=2))
@@ -137,7 +137,7 @@ def _autotp(mesh) -> dict:
 
 
 def _megatron(mesh) -> dict:
-    from plscale.rank.tensor_parallel import megatron_path
+    from plscale.strategies.tensor_parallel import megatron_path
 
     reason = megatron_path.unavailable()
     if reason:
@@ -238,7 +238,7 @@ def test_megatron_layers_match_dense_linears(runs):
 
 
 def test_autotp_config_and_spec():
-    from plscale.rank.tensor_parallel.autotp_path import autotp_config
+    from plscale.strategies.tensor_parallel.autotp_path import autotp_config
 
     config = build(DSSpec(micro_batch=2, world_size=1, autotp_size=2))
     assert config["tensor_parallel"] == {"autotp_size": 2} and "train_batch_size" not in config

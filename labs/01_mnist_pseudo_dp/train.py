@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 
-from plscale.plots import curves_and_gaps
+from plscale.charts.plots import curves_and_gaps
 from plscale.rank import runtime
 from plscale.rank.data import mnist
 from plscale.rank.memory import per_rank_mib

@@ -34,13 +34,14 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from plscale.errors import UserError
-from plscale.plots import line_plot
-from plscale.rank import comms, gather, runtime
+from plscale.charts.plots import line_plot
+from plscale.rank import comms, runtime
+from plscale.strategies.data_parallel import gather
 from plscale.rank.data import imdb
 from plscale.rank.memory import per_rank_mib
 from plscale.rank.metrics import figure
 from plscale.rank.models import encoder
-from plscale.rank.sampler import ShardedSampler
+from plscale.strategies.data_parallel.sampler import ShardedSampler
 
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size

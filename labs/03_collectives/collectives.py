@@ -21,8 +21,8 @@ from plscale.hardware import memory_available
 from plscale.predict import busbw
 from plscale.rank import runtime
 from plscale.rank.collective_timing import all_gather_single, measure, reduce_scatter_single
-from plscale.rank.parallel.naive import naive_all_reduce
-from plscale.rank.parallel.ring import ring_all_reduce
+from plscale.strategies.collectives.naive import naive_all_reduce
+from plscale.strategies.collectives.ring import ring_all_reduce
 from plscale.rank.metrics import figure
 
 ctx = runtime.start(__file__)

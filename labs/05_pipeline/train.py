@@ -2,7 +2,7 @@
 
 The Llama-shaped model is cut into p stages, one per rank (two per rank when interleaved),
 and each step's batch into m micro-batches that flow through them. Three engines run the
-same cut of the same model: plscale's own schedules (plscale/rank/parallel/pipeline.py),
+same cut of the same model: plscale's own schedules (plscale/strategies/pipeline/schedules.py),
 DeepSpeed's PipelineModule, and torch.distributed.pipelining. Every one must give the loss
 the unpipelined model gives on the same data. Then the lab times every forward, backward
 and transfer, draws the timeline beside the planned schedule, measures the bubble against
@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from plscale import timeline
+from plscale.charts import timeline
 from plscale.predict import memory, pipeline as plan
 from plscale.predict.presets import preset
 from plscale.rank import runtime
@@ -67,13 +67,13 @@ ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, tokeniz
 torch.manual_seed(seed)
 reference = Llama(config).to(dev)
 if engine_name == "deepspeed":
-    from plscale.rank.pipeline.deepspeed_engine import DeepSpeedPipeline
+    from plscale.strategies.pipeline.deepspeed_engine import DeepSpeedPipeline
     engine = DeepSpeedPipeline(reference, mesh, ds, partition=S["pipeline"]["partition"])
 elif engine_name == "torch":
-    from plscale.rank.pipeline.torch_engine import TorchPipeline
+    from plscale.strategies.pipeline.torch_engine import TorchPipeline
     engine = TorchPipeline(reference, mesh, ds, schedule=schedule, virtual=v)
 else:
-    from plscale.rank.pipeline.plscale_engine import PlscalePipeline
+    from plscale.strategies.pipeline.plscale_engine import PlscalePipeline
     engine = PlscalePipeline(reference, mesh, ds, schedule=schedule)
 names = piece_names(config)
 ctx.log(f"\n{engine_name} engine, {schedule}, p={P} stages{f' x {v} per rank' if v > 1 else ''}, "

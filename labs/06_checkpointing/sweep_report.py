@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from plscale.plots import interval_chart  # noqa: E402
+from plscale.charts.plots import interval_chart  # noqa: E402
 
 
 def load(sweep_dir: Path) -> list[dict]:

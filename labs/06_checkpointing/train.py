@@ -27,11 +27,12 @@ import torch
 import torch.distributed as dist
 
 from plscale.ckpt import store
-from plscale.plots import interval_chart
+from plscale.charts.plots import interval_chart
 from plscale.predict import checkpoint as predict
 from plscale.predict.presets import preset
-from plscale.rank import distributed, fault, runtime
-from plscale.rank.checkpoint import sealed, strategies
+from plscale.rank import distributed, runtime
+from plscale.strategies.checkpoint import fault
+from plscale.strategies.checkpoint import sealed, strategies
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama

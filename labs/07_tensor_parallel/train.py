@@ -3,7 +3,7 @@
 Every weight matrix of the Llama-shaped model is split across the t ranks of a
 tensor-parallel group: q, k, v and the MLP's gate and up by columns (each rank its heads,
 its slice of the MLP), o and down by rows, the embedding and the tied head by vocabulary.
-The operators f and g (plscale/rank/tensor_parallel/operators.py) glue the halves: one
+The operators f and g (plscale/strategies/tensor_parallel/operators.py) glue the halves: one
 all-reduce forward and one backward per attention block and per MLP, two of each per layer. With sequence parallelism the norms and the
 residual stream hold a t-th of the sequence, and each all-reduce becomes a reduce-scatter
 and an all-gather. DeepSpeed trains the split model, told the mesh's groups (MegatronMPU),
@@ -29,7 +29,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from plscale import plots
+from plscale.charts import plots
 from plscale.predict import memory, tensor_parallel as predict
 from plscale.predict.busbw import bus_factor
 from plscale.predict.memory import LABELS, MODEL_STATES
@@ -41,8 +41,8 @@ from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.reference import largest_gap, reference_losses
-from plscale.rank.tensor_parallel import operators as ops, side_by_side
-from plscale.rank.tensor_parallel.llama import TensorParallelLlama
+from plscale.strategies.tensor_parallel import operators as ops, side_by_side
+from plscale.strategies.tensor_parallel.llama import TensorParallelLlama
 
 MiB = 2**20
 ctx = runtime.start(__file__)

@@ -29,13 +29,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from plscale import plots
+from plscale.charts import plots
 from plscale.predict import context_parallel as predict, memory
 from plscale.predict.presets import preset
 from plscale.rank import comms, runtime
 from plscale.rank.census import saved_activations
-from plscale.rank.context_parallel import ring_attention as ring, ulysses
-from plscale.rank.context_parallel.llama import ContextParallelLlama, split_batch
+from plscale.strategies.context_parallel import ring_attention as ring, ulysses
+from plscale.strategies.context_parallel.llama import ContextParallelLlama, split_batch
 from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure

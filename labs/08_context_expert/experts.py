@@ -26,14 +26,14 @@ import torch
 import torch.distributed as dist
 from deepspeed.moe.sharded_moe import top1gating, top2gating
 
-from plscale import plots
+from plscale.charts import plots
 from plscale.predict import experts as predict
 from plscale.predict.presets import preset
 from plscale.rank import comms, runtime
 from plscale.rank.data import wikitext
-from plscale.rank.experts import dispatch
-from plscale.rank.experts.llama import MoELlama, backward, initialize
-from plscale.rank.experts.router import route
+from plscale.strategies.experts import dispatch
+from plscale.strategies.experts.llama import MoELlama, backward, initialize
+from plscale.strategies.experts.router import route
 from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.reference import largest_gap, reference_losses

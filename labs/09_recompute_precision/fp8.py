@@ -27,10 +27,11 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from plscale import precision_charts as charts
+from plscale.charts import precision as charts
 from plscale.predict.formats import number_format
 from plscale.predict.presets import preset
-from plscale.rank import fp8, runtime, taps
+from plscale.strategies.precision import fp8
+from plscale.rank import runtime, taps
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama

@@ -38,8 +38,8 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from plscale import plots
-from plscale import precision_charts as charts
+from plscale.charts import plots
+from plscale.charts import precision as charts
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.dsconfig.valid import LOSS_SCALING, fp16_path
 from plscale.files import write_json
@@ -47,7 +47,8 @@ from plscale.predict import memory
 from plscale.predict.formats import FORMATS
 from plscale.predict.memory import LABELS, MODEL_STATES
 from plscale.predict.presets import param_count, preset
-from plscale.rank import loss_scaling, runtime, taps
+from plscale.strategies.precision import loss_scaling
+from plscale.rank import runtime, taps
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
@@ -213,7 +214,7 @@ for run, r in results.items():
 # ---- Where fp16 puts real gradients: one batch, the initial weights ----------------------------
 # The gradients at every linear's output (dL/dy) in fp32, then under fp16 autocast unscaled and,
 # where a run scaled the loss, scaled by the largest scale it stepped with cleanly. Predicted: each
-# fp32 gradient x S against fp16's range (plscale/rank/loss_scaling.py: probe).
+# fp32 gradient x S against fp16's range (plscale/strategies/precision/loss_scaling.py: probe).
 clean = [row["scale_before"] for rows in logs.values() for row in rows if not row["overflow"]]
 first = [rows[0]["scale_before"] for rows in logs.values() if rows]
 scale = max(clean) if clean else first[0] if first else None  # None: no run scaled the loss

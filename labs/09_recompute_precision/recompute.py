@@ -3,7 +3,7 @@
 A layer's backward needs what its forward computed, so autograd keeps it all from the forward
 until the backward: with long sequences, the activations outgrow the model. Recomputation keeps
 only a region's inputs and runs the region's forward again inside the backward, just before its
-backward needs the rest (plscale/rank/recompute.py):
+backward needs the rest (plscale/strategies/recompute/llama.py):
 
     none       every layer keeps everything
     selective  the attention core is rebuilt (Megatron's selective recomputation): its heads x
@@ -35,11 +35,12 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
-from plscale import plots
+from plscale.charts import plots
 from plscale.predict import memory
 from plscale.predict import recompute as predict
 from plscale.predict.presets import preset
-from plscale.rank import allocations, recompute, runtime
+from plscale.rank import allocations, runtime
+from plscale.strategies.recompute import llama as recompute
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
@@ -230,7 +231,7 @@ if ctx.is_main:
 
 # ---- 5. The pictures: memory over one step, and what each layer keeps and rebuilds -----------
 if ctx.is_main:
-    from plscale import recompute_charts
+    from plscale.charts import recompute as recompute_charts
 
     predicted = {s: memory.activation_bytes(setup_of(s)) for s in strategies}
     recompute_charts.memory_over_step(ctx.run_dir / "memory_over_step.png",

@@ -33,7 +33,7 @@ ctx = runtime.start(__file__)  # before jax picks its devices
 import jax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
-from plscale import plots  # noqa: E402
+from plscale.charts import plots  # noqa: E402
 from plscale.jaxlab import hlo, layouts, placement, weights  # noqa: E402
 from plscale.jaxlab.adam import Adam  # noqa: E402
 from plscale.predict import sharding  # noqa: E402

@@ -1,6 +1,6 @@
 """`plscale mesh`: which ranks form each process group, as a table and as a picture.
 
-Host side: plscale.mesh computes the groups; matplotlib is imported only to draw them.
+Host side: plscale.predict.grid computes the groups; matplotlib is imported only to draw them.
 """
 
 from pathlib import Path
@@ -9,8 +9,8 @@ import typer
 from rich.table import Table
 
 from plscale.cli.output import console, png_path
-from plscale.mesh import DIMS, ORDER, Layout
-from plscale.plots import mesh_grid  # matplotlib is imported inside, when drawing
+from plscale.predict.grid import DIMS, ORDER, Layout
+from plscale.charts.plots import mesh_grid  # matplotlib is imported inside, when drawing
 
 SHOWN_GROUPS = 16   # groups listed per dimension before "... and N more"
 COORD_TABLE_MAX = 64  # ranks up to which every rank's coordinates are listed

@@ -68,7 +68,7 @@ def pipeline(
     path = _png_path(out, schedule, stages, micro)
     ops = pp.simulate(schedule, stages, micro, v)
     bubble = pp.bubble_of(ops)
-    from plscale import timeline
+    from plscale.charts import timeline
 
     timeline.draw(path, ops, title(schedule, stages, micro, v, bubble), unit="units of one forward")
     text = pp.text_timeline(ops)

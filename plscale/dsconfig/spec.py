@@ -12,7 +12,7 @@ Precision, two ways for bf16 and fp16:
                                loss_scale_window clean steps; a number: static, 1 = none)
     autocast: "torch_autocast" the weights, gradients and optimizer stay fp32; the ops autocast
                                runs in 16 bits. fp16 at ZeRO 0 gets torch's GradScaler, which the
-                               JSON cannot configure (torch's defaults; plscale.rank.loss_scaling
+                               JSON cannot configure (torch's defaults; plscale.strategies.precision.loss_scaling
                                sets it from the spec's loss scaling after deepspeed.initialize)
 """
 

@@ -149,7 +149,7 @@ def ring_bytes_sent(numel: int, itemsize: int, n: int) -> list[int]:
 
 def ring_schedule(n: int) -> list[tuple[str, int, list[int]]]:
     """(phase, step, the chunk each rank r sends to r+1) for the ring all-reduce's 2(n-1) steps, as
-    plscale/rank/parallel/ring.py runs them: reduce-scatter step t sends chunk r-t, all-gather r+1-t.
+    plscale/strategies/collectives/ring.py runs them: reduce-scatter step t sends chunk r-t, all-gather r+1-t.
 
     >>> ring_schedule(3)[1:3]
     [('reduce-scatter', 1, [2, 0, 1]), ('all-gather', 0, [1, 2, 0])]
@@ -159,7 +159,7 @@ def ring_schedule(n: int) -> list[tuple[str, int, list[int]]]:
 
 
 def naive_bytes_sent(nbytes: int, n: int) -> list[int]:
-    """Bytes each rank sends in the naive all-reduce via rank 0 (plscale/rank/parallel/naive.py).
+    """Bytes each rank sends in the naive all-reduce via rank 0 (plscale/strategies/collectives/naive.py).
 
     >>> naive_bytes_sent(100, 4)
     [300, 100, 100, 100]

@@ -1,7 +1,7 @@
 """Mixture-of-experts on paper: how many tokens an expert takes, how many are dropped.
 
 Host-side and pure: `plscale estimate moe` prints it, the expert lab prints it beside what
-its routers count, and the router written by hand (plscale/rank/experts/router.py) sizes its
+its routers count, and the router written by hand (plscale/strategies/experts/router.py) sizes its
 buffers with `capacity`, so the lab and the mechanism cannot disagree.
 
 A router sends each of S tokens to its top-k of E experts. Every expert has room for C

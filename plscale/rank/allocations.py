@@ -16,7 +16,7 @@ time, on CPU and on CUDA alike. Named intervals come from torch.profiler.record_
     h.live()              (seconds, bytes allocated since the step began), event by event
     h.peak()              the most bytes allocated above the step's start, at any moment
     h.runs("layer 0")     each interval a label ran in: a second one inside the backward is
-                          a recomputation (plscale.rank.recompute labels layers and cores)
+                          a recomputation (plscale.strategies.recompute.llama labels layers and cores)
 
 Bytes are relative to the start of the recording (the allocator knows deltas, not the
 level); on CUDA, add torch.cuda.memory_allocated() taken before it for the level. A block

@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from plscale.predict.busbw import bandwidths, element_count
 from plscale.rank.distributed import all_gather_single, reduce_scatter_single
-from plscale.rank.parallel.naive import naive_all_reduce
-from plscale.rank.parallel.ring import ring_all_reduce
+from plscale.strategies.collectives.naive import naive_all_reduce
+from plscale.strategies.collectives.ring import ring_all_reduce
 
 
 def buffers(op: str, count: int, dtype: torch.dtype, device) -> tuple:

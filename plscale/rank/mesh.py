@@ -6,7 +6,7 @@ a rank that skips one, or builds them in another order, pairs its groups with th
 ones of its peers and hangs (NCCL) or mixes up tensors. So each rank walks the same list:
 
     for dim in dims:                          # the same dims, same order, on every rank
-        for ranks in layout.groups(dim):      # Megatron's order (plscale/mesh.py)
+        for ranks in layout.groups(dim):      # Megatron's order (plscale/predict/grid.py)
             group = dist.new_group(ranks)     # everyone calls it ...
             if me in ranks: mine[dim] = group # ... and keeps only its own
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from plscale.mesh import DIMS, Layout, axes
+from plscale.predict.grid import DIMS, Layout, axes
 
 
 def _key(dim: str) -> tuple[str, frozenset]:
@@ -42,7 +42,7 @@ class Mesh:
 
     @classmethod
     def build(cls, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, dims=tuple(DIMS)) -> "Mesh":
-        """Build the groups of `dims` (default: every one in plscale.mesh.DIMS) on every rank."""
+        """Build the groups of `dims` (default: every one in plscale.predict.grid.DIMS) on every rank."""
         layout = Layout(dist.get_world_size(), tp=tp, pp=pp, cp=cp, ep=ep)
         rank = dist.get_rank()
         mesh = cls(layout, rank, layout.coords(rank))

@@ -158,7 +158,7 @@ def same_directories(runs: list) -> list[str]:
 def plot_curves(runs: list, path: Path) -> list[str]:
     """Every run's loss curves in one PNG: a colour per run, a line style per series. Returns
     the lines to print: the PNG's path, and each run without a loss curve."""
-    from plscale.plots import line_plot
+    from plscale.charts.plots import line_plot
     from plscale.run.compare import curves, differing
 
     shown = [(k, vals) for k, vals in differing(runs) if k not in ("hardware", "data")][:2] if len(runs) > 1 else []

@@ -1,5 +1,5 @@
 """Real checkpoints for the checkpoint CLI's tests: a 2-rank DeepSpeed run of the `tiny`
-model that saves through plscale.rank.checkpoint.sealed (manifests and all).
+model that saves through plscale.strategies.checkpoint.sealed (manifests and all).
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 tests/helpers/save_checkpoints.py OUT 2 0
 
@@ -62,7 +62,7 @@ def full_state(engine, stage: int) -> dict:
 
 
 def save(out: Path, stage: int, rank: int) -> None:
-    from plscale.rank.checkpoint import sealed
+    from plscale.strategies.checkpoint import sealed
 
     engine = engine_for(stage, world_size=2)
     root, reference = out / f"stage{stage}", out / f"stage{stage}-reference"
@@ -80,7 +80,7 @@ def save(out: Path, stage: int, rank: int) -> None:
 
 
 def load_universal(root: Path, stage: int, reference: Path, d) -> None:
-    from plscale.rank.checkpoint import sealed
+    from plscale.strategies.checkpoint import sealed
 
     engine = engine_for(stage, world_size=d.world_size, load_universal=True)
     restored = sealed.restore(engine, [root], root.parent / "scratch")  # scratch: only for deltas

@@ -1,5 +1,5 @@
 """Reference solution of the pipeline-schedule exercise (the task: skeleton.py). Not copied by
-`plscale exercise start`; plscale/predict/pipeline.py `order` and plscale/rank/parallel/
+`plscale exercise start`; plscale/predict/pipeline.py `order` and plscale/strategies/collectives/
 pipeline.py are the lab's versions."""
 
 

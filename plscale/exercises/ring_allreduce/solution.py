@@ -1,5 +1,5 @@
 """Reference solution of the ring-allreduce exercise (the task: skeleton.py). Not copied by
-`plscale exercise start`; plscale/rank/parallel/ring.py is the lab's version of the same ring."""
+`plscale exercise start`; plscale/strategies/collectives/ring.py is the lab's version of the same ring."""
 
 import torch
 import torch.distributed as dist

@@ -1,5 +1,5 @@
 """Reference solution of the tp-column exercise (the task: skeleton.py). Not copied by
-`plscale exercise start`; plscale/rank/tensor_parallel/operators.py and layers.py are the
+`plscale exercise start`; plscale/strategies/tensor_parallel/operators.py and layers.py are the
 lab's versions, with sequence parallelism and stacked outputs."""
 
 import torch

@@ -1,7 +1,7 @@
 """Diagrams of the deck slides/08_pipeline (section pipeline): planned pipeline schedules and
 the bubble, all from plscale.predict.pipeline (the plan `plscale viz pipeline` draws: a
 forward takes 1 unit, a backward 2, communication is free). Colours as the lab's timelines
-(plscale.timeline)."""
+(plscale.charts.timeline)."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from matplotlib.ticker import PercentFormatter
 
 from plscale.predict import pipeline
 from plscale.slides.diagrams.style import BLUE, GREY, NAVY, RED, SAND, figure, rect, save
-from plscale.timeline import COLOURS
+from plscale.charts.timeline import COLOURS
 
 FONT = 12
 

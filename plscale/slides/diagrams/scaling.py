@@ -162,7 +162,7 @@ def bytes_per_rank(out: Path) -> Path:
     ax.plot(ns, ring_, color=BLUE, lw=3, label="ring all-reduce, every rank: 2(N-1)/N")
     ax.plot(ns, [bus_factor("all_gather", n) for n in ns], color=GREEN, lw=3,
             label="all-gather or reduce-scatter: (N-1)/N")
-    # the naive all-reduce (plscale/rank/parallel/naive.py, labs/03_collectives/README.md): rank 0 sends (N-1) S
+    # the naive all-reduce (plscale/strategies/collectives/naive.py, labs/03_collectives/README.md): rank 0 sends (N-1) S
     ax.plot(ns, [naive_bytes_sent(numel, n)[0] / numel for n in ns], color=RED, lw=3, ls="--",
             label="naive all-reduce, rank 0: N-1")
     ax.set_yscale("log", base=2)

@@ -1,10 +1,10 @@
 """Diagrams of slides/05_parallelism_strategies/deck.md: what each strategy splits and sends,
 a device mesh, memory per GPU of a 70B model under several layouts, and the planner's choice
-for a published run. Every number comes from plscale.predict (memory, plan) or plscale.mesh."""
+for a published run. Every number comes from plscale.predict (memory, plan) or plscale.predict.grid."""
 
 from pathlib import Path
 
-from plscale.mesh import Layout
+from plscale.predict.grid import Layout
 from plscale.predict.cluster import GPUS
 from plscale.predict.memory import Setup, estimate, gib
 from plscale.predict.plan import LABELS, Job, plan
@@ -95,7 +95,7 @@ def comm(out: Path) -> Path:
 
 
 def mesh(out: Path) -> Path:
-    """32 GPUs, 4 nodes of 8, tp 8 x dp 2 x pp 2 in Megatron's order (plscale.mesh.Layout)."""
+    """32 GPUs, 4 nodes of 8, tp 8 x dp 2 x pp 2 in Megatron's order (plscale.predict.grid.Layout)."""
     layout, gpu = Layout(32, tp=8, pp=2), GPUS["H100"]
     fig, ax = canvas(11, 5.2, ylim=(0, 5.2))
     top = {}

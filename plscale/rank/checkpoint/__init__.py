@@ -1,1 +1,0 @@
-"""Checkpoint strategies inside the ranks: basic, incremental, asynchronous, multi-level."""
