@@ -45,6 +45,19 @@ def test_ring_forward_is_2_cp_minus_1_over_cp_of_the_whole_k_and_v():
         cpm.ring_bytes(1, 64, 0, 2, 8, 2)
 
 
+def test_ring_and_ulysses_bytes_are_what_a_real_run_sent():
+    """labs/08_context_expert/reference.json (run of the ring-attention variant, preset small: 4 heads
+    of 64, 4 kv heads; one sequence of 2,048 tokens, fp32, cp 2): the ring's tally of point-to-point
+    sends, 8.0 MiB per rank per layer forward and backward, and DeepSpeed's comms logger's all-to-all
+    messages for Ulysses, 8.0 MiB."""
+    ring = cpm.ring_bytes(1, 2048, 2, SMALL.kv_heads, SMALL.head_dim, 4)
+    assert ring.total / 2**20 == pytest.approx(8.0, abs=0.0005)
+    uly = cpm.ulysses_bytes(1, 2048, 2, SMALL.heads, SMALL.kv_heads, SMALL.head_dim, 4)
+    assert (uly.forward_message + uly.backward_message) / 2**20 == pytest.approx(8.0, abs=0.0005)
+    row, = cpm.comm_table(SMALL, 1, [2048], [2], 4)
+    assert row.ring / 2**20 == pytest.approx(8.0, abs=0.0005)
+
+
 # ---- Ulysses ---------------------------------------------------------------------------------------
 
 def test_ulysses_bytes_by_hand():
@@ -77,7 +90,9 @@ def test_comm_table_ring_stays_flat_ulysses_falls():
     assert [(r.seq, r.cp) for r in rows] == [(1024, 2), (1024, 4), (1024, 8), (2048, 2), (2048, 4), (2048, 8)]
     k = 1024 * SMALL.kv_heads * SMALL.head_dim * 2                  # the whole sequence's k
     first = [r for r in rows if r.seq == 1024]
-    assert [r.ring for r in first] == [(6 * (cp - 1) + 2) * k // cp for cp in (2, 4, 8)]
+    # 4k, 5k and 5.5k (k = 524,288 bytes): the sends counted by hand in test_ring_bytes_by_hand, and
+    # cp 2 at seq 2048, fp32 is what lab 08's ranks sent (test_ring_and_ulysses_bytes_are_what_a_real_run_sent)
+    assert [r.ring for r in first] == [2_097_152, 2_621_440, 2_883_584]
     assert all(r.ring < 6 * k for r in first)                       # bounded: flat as cp grows
     assert first[0].ulysses > first[1].ulysses and first[2].ulysses is None   # 4 heads: no degree 8
     assert [r.ring for r in rows if r.seq == 2048] == [2 * r.ring for r in first]   # doubles with seq
