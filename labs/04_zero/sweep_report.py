@@ -14,9 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from plscale.predict.memory import LABELS, MODEL_STATES  # noqa: E402
+from plscale.predict.units import MiB  # noqa: E402
 
 COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
-MiB = 2**20
 
 
 def load(sweep_dir: Path) -> list[dict]:

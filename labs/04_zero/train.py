@@ -23,17 +23,17 @@ import torch
 import torch.distributed as dist
 
 from plscale.predict import memory
-from plscale.predict.memory import LABELS, MODEL_STATES
+from plscale.predict.cluster import GPUS
+from plscale.predict.memory import MODEL_STATES
 from plscale.predict.presets import flops_per_token, preset
+from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
+from plscale.rank.against_prediction import gathered, memory_table, per_rank, within
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.memory import per_rank_mib
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-
-MiB = 2**20
-PEAK_BF16_TFLOPS = {"H100": 989, "H200": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "4090": 165}
 
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size
@@ -103,33 +103,18 @@ val_ppl = math.exp(val_sum[0].item() / max(val_sum[1].item(), 1))
 
 # ---- Memory per rank: measured beside predicted ---------------------------------------
 measured["activations"] = act_bytes
-everyone = [None] * N
-dist.all_gather_object(everyone, measured)
+everyone = gathered(measured)
 rss = per_rank_mib(dev)
 
 figures, by_term = [], {}
 if ctx.is_main:
-    rows = {k: [m[k] for m in everyone] for k in MODEL_STATES}
-    rows["model_states"] = [sum(m[k] for k in MODEL_STATES) for m in everyone]
     # buffers, other: measured, not predicted; activations: saved for backward, one micro-batch
-    rows |= {k: [m[k] for m in everyone] for k in ("buffers", "other", "activations")}
-    if dev.type == "cuda":
-        rows["allocated"] = [m["allocated"] for m in everyone]
+    rows = per_rank(everyone, (*MODEL_STATES, "model_states", "buffers", "other", "activations",
+                               *(("allocated",) if dev.type == "cuda" else ())))
     ctx.log(f"\nmemory per rank, MiB (census after the backward of step {census_step}'s first micro-batch)")
-    ctx.log(f"  {'':34}" + "".join(f"{'rank ' + str(r):>10}" for r in range(N)) + f"{'predicted':>11}{'error':>9}")
-    for name, values in rows.items():
-        guess = predicted.get(name)
-        error = max(abs(v - guess) for v in values) / guess if guess else None
-        ctx.log(f"  {LABELS[name]:34}" + "".join(f"{v / MiB:10.2f}" for v in values)
-                + (f"{guess / MiB:11.2f}{100 * error:8.1f}%" if guess else f"{'':11}"))
-        by_term[name] = {"measured_bytes": values, "predicted_bytes": guess}
-        if guess is not None:
-            figures.append(figure(f"{LABELS[name]} per rank (max)", round(max(values) / MiB, 3), "MiB",
-                                  round(guess / MiB, 3), f"error {100 * error:.1f}%" if error is not None else ""))
-    worst = max(abs(v - predicted["model_states"]) for v in rows["model_states"]) / predicted["model_states"]
-    tol = S["memory"]["tolerance"]
-    ctx.check("model states match the ZeRO model", worst <= tol,
-              f"worst rank off by {100 * worst:.2f}% (tolerance {100 * tol:g}%)")
+    by_term, figures = memory_table(ctx.log, rows, predicted)
+    ctx.check(*within("model states match the ZeRO model", [(v, predicted["model_states"]) for v in rows["model_states"]],
+                      S["memory"]["tolerance"]))
 
     ctx.log("\nper step, by collective (DeepSpeed comms logger):" if comms.enabled() else
             "\n(comms logger off: set ds.comms_logger=true for bytes per collective)")
@@ -144,10 +129,11 @@ if ctx.is_main:
                        None, "all collectives, as logged by rank 0"),
                 figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU")]
     if dev.type == "cuda":
-        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name(dev)), None)
-        if peak:
-            mfu = flops_per_token(config, seq) * tok_s / (N * peak * 1e12)
-            figures.append(figure("MFU", round(100 * mfu, 2), "%", None, f"vs {peak} TFLOPS bf16 dense per GPU"))
+        gpu = next((g for k, g in GPUS.items() if k in torch.cuda.get_device_name(dev)), None)  # plscale estimate's
+        if gpu:
+            mfu = flops_per_token(config, seq) * tok_s / (N * gpu.peak("bf16"))
+            figures.append(figure("MFU", round(100 * mfu, 2), "%", None,
+                                  f"vs {gpu.peak('bf16') / 1e12:g} TFLOPS bf16 dense per GPU"))
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
            preset=S["model"]["preset"], model=config.to_dict(), seq=seq, micro_batch=micro, grad_accum=accum,
            stage=stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
