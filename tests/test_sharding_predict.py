@@ -32,6 +32,15 @@ def test_states_per_device(layout, axes, params, moments):
     assert sharding.states_per_device(TINY, mesh) == {"parameters": params, "moments": moments}
 
 
+@pytest.mark.parametrize("layout, measured", [("dp", 20.2587890625), ("fsdp", 5.064697265625),
+                                               ("fsdp_tp", 5.06689453125), ("pipeline", 14.1298828125)])
+def test_parameters_per_device_are_what_jax_placed(layout, measured):
+    """labs/10_jax_gspmd/reference.json (run 20261124-055608-jax-gspmd-layouts: preset small, 4 CPU
+    devices, mesh.tp 2, mesh.stages 2): the bytes of the parameter shards JAX placed on each device, MiB."""
+    got = sharding.states_per_device(preset("small"), sharding.mesh(layout, 4))["parameters"]
+    assert got / 2**20 == measured
+
+
 def test_by_hand_collectives():
     dp = sharding.by_hand(TINY, sharding.mesh("dp", 4), seq=32, batch=8)
     assert [(r.op, r.total) for r in dp] == [("all_reduce", 4 * 688_768)]
