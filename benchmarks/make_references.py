@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from plscale.errors import UserError
-from plscale.run import labs, references  # host side: no torch
+from plscale.lab import labs  # host side: no torch
+from plscale.run import references
 
 ROOT = Path(__file__).resolve().parents[1]
 

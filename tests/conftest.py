@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plscale.run.launch import DEVICE_COUNT, with_device_count  # imports neither torch nor jax
+from plscale.lab.jaxenv import DEVICE_COUNT, with_device_count  # imports neither torch nor jax
 
 # 4 simulated CPU devices for the JAX tests: XLA reads this when JAX starts its CPU backend.
 if DEVICE_COUNT not in os.environ.get("XLA_FLAGS", ""):

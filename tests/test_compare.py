@@ -14,7 +14,8 @@ import time
 import pytest
 
 from conftest import ROOT, run_cli
-from plscale.run import compare, labs, references
+from plscale.lab import labs
+from plscale.run import compare, references
 
 pytestmark = pytest.mark.e2e
 RUN_ARGS = ["lab", "run", "mnist-dp", "--cpu", "--gpus", "2", "--launcher", "torchrun", "--steps", "3"]

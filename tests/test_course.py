@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from plscale.errors import UserError
-from plscale.run.labs import all_labs
+from plscale.lab.labs import all_labs
 from plscale.slides import numbers
 from plscale.slides.browser import count_slides, split_slides
 from plscale.slides.course import find_section, lab_status, load_course

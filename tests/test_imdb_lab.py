@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import figures, load_summary, run_cli
-from plscale.run import labs
+from plscale.lab import labs
 from plscale.run.launch import Options, plan
 
 TINY = ["--gpus", "2", "--cpu", "--steps", "6", "--set", "data.max_len=32", "--set", "data.test_samples=101",

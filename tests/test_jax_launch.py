@@ -15,9 +15,10 @@ import pytest
 from conftest import ROOT, only_run, run_cli
 from plscale.cli import main as cli_main
 from plscale.errors import UserError
-from plscale.run import labs
-from plscale.run.launch import DEVICE_COUNT as COUNT
-from plscale.run.launch import JAX_FLOOR, Options, plan
+from plscale.lab import labs
+from plscale.lab.jaxenv import DEVICE_COUNT as COUNT
+from plscale.lab.jaxenv import JAX_FLOOR
+from plscale.run.launch import Options, plan
 
 RUN = Path("/tmp/run-x")
 MISSING_JAX = ("Lab jax-gspmd needs JAX, an optional extra: pip install -e '.[jax]' in the plscale checkout "
@@ -31,7 +32,7 @@ def installed(monkeypatch, *modules):
         if name == "jax" or name.startswith("jax_cuda"):
             return object() if name in modules else None
         return REAL_FIND_SPEC(name, *args)
-    monkeypatch.setattr("plscale.run.launch.find_spec", find_spec)
+    monkeypatch.setattr("plscale.lab.jaxenv.find_spec", find_spec)
 
 
 @pytest.fixture(autouse=True)
@@ -125,11 +126,11 @@ def test_missing_jax_is_one_line_and_exit_2(monkeypatch, capsys, tmp_path):
 
 
 def test_too_old_jax_is_one_line_naming_the_version_needed(gspmd, monkeypatch):
-    monkeypatch.setattr("plscale.run.launch.version", lambda name: "0.4.35")
+    monkeypatch.setattr("plscale.lab.jaxenv.version", lambda name: "0.4.35")
     with pytest.raises(UserError, match=re.escape(f"Lab jax-gspmd needs JAX {JAX_FLOOR} or newer, and this "
                                                   f"environment has 0.4.35: pip install -U 'jax>={JAX_FLOOR}'")):
         plan(*gspmd, Options(), gpus_present=[])
-    monkeypatch.setattr("plscale.run.launch.version", lambda name: f"{JAX_FLOOR}.dev20260101")
+    monkeypatch.setattr("plscale.lab.jaxenv.version", lambda name: f"{JAX_FLOOR}.dev20260101")
     assert plan(*gspmd, Options(), gpus_present=[]).launcher == "jax"
 
 

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from plscale.run import labs
+from plscale.lab import labs
 from plscale.errors import UserError
-from plscale.run.settings import resolve
+from plscale.lab.settings import resolve
 
 
 def test_every_lab_manifest_is_complete():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_summary, only_run
-from plscale.run import labs
+from plscale.lab import labs
 from plscale.errors import UserError
 from plscale.run.launch import Options, plan
 

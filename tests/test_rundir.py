@@ -2,7 +2,7 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
-from plscale.run import rundir
+from plscale.lab import rundir
 
 
 def test_same_second_runs_get_distinct_directories(tmp_path, monkeypatch):
@@ -16,7 +16,7 @@ def test_same_second_runs_get_distinct_directories(tmp_path, monkeypatch):
 
 
 def test_node_scratch_is_per_run_and_cleared(tmp_path):
-    from plscale.run.rundir import clear_node_scratch, node_scratch
+    from plscale.lab.rundir import clear_node_scratch, node_scratch
 
     a, b = tmp_path / "x" / "20260101-000000-ckpt-basic", tmp_path / "y" / "20260101-000000-ckpt-basic"
     assert node_scratch(a) != node_scratch(b)  # same name, other runs folder: never shared

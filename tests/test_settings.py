@@ -1,7 +1,7 @@
 import pytest
 
 from plscale.errors import UserError
-from plscale.run.settings import flatten, parse_assignment, resolve
+from plscale.lab.settings import flatten, parse_assignment, resolve
 
 DEFAULTS = {"seed": 0, "train": {"steps": 10, "lr": 0.1, "fast": False}, "ds": {"stage": 0}}
 
@@ -42,8 +42,8 @@ def test_flatten():
 
 
 def test_a_parallel_degree_of_world_takes_every_rank():
-    from plscale.run.labs import find
-    from plscale.run.resolve import Topology, resolve_run
+    from plscale.lab.labs import find
+    from plscale.lab.resolve import Topology, resolve_run
 
     lab, ring = find("ring-attention")
     assert lab.settings["parallel"]["cp"] == "world"

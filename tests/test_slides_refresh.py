@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plscale.errors import UserError
-from plscale.run.labs import all_labs, find, load_lab
+from plscale.lab.labs import all_labs, find, load_lab
 from plscale.slides.refresh import figure_sources, refresh
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from conftest import load_summary, run_cli
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.predict import memory
 from plscale.predict.presets import preset
-from plscale.run.labs import find
-from plscale.run.settings import resolve
+from plscale.lab.labs import find
+from plscale.lab.settings import resolve
 
 TINY = ["--set", "model.preset=tiny", "--set", "model.seq=64", "--set", "data.val_blocks=16"]
 

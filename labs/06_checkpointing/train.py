@@ -36,7 +36,7 @@ from plscale.strategies.checkpoint import sealed, strategies
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-from plscale.run.rundir import node_scratch
+from plscale.lab.rundir import node_scratch
 
 MiB = 2**20
 

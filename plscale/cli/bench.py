@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from plscale.predict import busbw
-from plscale.run import labs
+from plscale.lab import labs
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.run.launch import Options
@@ -34,7 +34,8 @@ def collectives(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command; run nothing."),
 ) -> None:
     """all_reduce, all_gather, reduce_scatter, broadcast, all_to_all: time, algbw, busbw per size."""
-    from plscale.cli.lab import launch, prepare, show_plan
+    from plscale.cli.lab import launch, show_plan
+    from plscale.run.flow import prepare
 
     lab, _ = labs.find("collectives")
     variant = lab.variant("bench")
@@ -55,8 +56,8 @@ def collectives(
     opts = Options(gpus=ranks, launcher=launcher, cpu=cpu, sets=sets)
     prepared = prepare(lab, variant, opts)
     if dry_run:
-        return show_plan(*prepared)
-    run_dir = launch(*prepared)
+        return show_plan(prepared)
+    run_dir = launch(prepared)
     show(run_dir, console)
     console.print(f"table as CSV: {run_dir / 'busbw.csv'}")
     if out is not None:

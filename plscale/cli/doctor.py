@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from plscale.run import labs
+from plscale.lab import labs
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
@@ -85,7 +85,7 @@ def _jax(gpus: bool) -> str:
     from importlib.metadata import PackageNotFoundError, version
     from importlib.util import find_spec
 
-    from plscale.run.launch import CUDA_PLUGINS, jax_install
+    from plscale.lab.jaxenv import CUDA_PLUGINS, jax_install
 
     try:
         line = f"{version('jax')} (lab 10, jax-gspmd)"
@@ -99,7 +99,7 @@ def _jax(gpus: bool) -> str:
 def distributed_check(gpus: int | None, timeout: float, cpu: bool) -> None:
     """Launch plscale/rank/sanity.py on N ranks (torchrun), wait up to `timeout` seconds, and
     report every rank, naming the ones that did not answer. Exit 1 unless all passed."""
-    from plscale.run.rundir import new_run_dir
+    from plscale.lab.rundir import new_run_dir
 
     names = [] if cpu else cuda_gpus()
     ranks = gpus if gpus is not None else (len(names) or 2)

@@ -12,7 +12,7 @@ from rich.table import Table
 from plscale.cli.output import Progress, console
 from plscale.errors import UserError
 from plscale.exercises import EXERCISES, find, progress
-from plscale.run.labs import labs_root
+from plscale.lab.labs import labs_root
 
 app = typer.Typer(help="Exercises: write a strategy's core yourself; hidden checks on CPU ranks grade it.",
                   no_args_is_help=True)

@@ -7,16 +7,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from plscale import datafiles
 from plscale.cli.output import console
-from plscale.errors import UserError
-from plscale.files import write_json
-from plscale.run import labs
-from plscale.run.launch import Options, Plan, plan
-from plscale.run.report import show
-from plscale.run.resolve import Resolved, Topology, resolve_run
-from plscale.run.rundir import new_run_dir, write_inputs
-from plscale.run.settings import flatten
+from plscale.lab import labs
+from plscale.lab.settings import flatten
+from plscale.run import flow
+from plscale.run.launch import Options
 
 app = typer.Typer(help="List, show and run the labs.", no_args_is_help=True)
 
@@ -87,68 +82,38 @@ def run_lab(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
 ) -> None:
     """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo; a JAX lab as one process with N devices."""
-    lab, chosen = labs.find(name)
-    chosen = lab.variant(variant) if variant else chosen
-    if sweep and variant:
-        raise UserError(f"--sweep runs the lab's sweep variants ({', '.join(lab.sweep) or 'none'}): drop --variant.")
-    if data_dir and not Path(data_dir).is_dir():
-        raise UserError(f"--data-dir {data_dir} is not a folder: point it at the dataset's files.")
-    datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
+    lab, chosen = flow.choose(name, variant, sweep, data_dir)
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
                    list(sets), ds_config, data_dir, max_restarts)
     if not sweep:
-        prepared = prepare(lab, chosen, opts)
+        prepared = flow.prepare(lab, chosen, opts)
         if dry_run:
-            return show_plan(*prepared)
-        run_dir = launch(*prepared)
-        if (run_dir / "summary.json").exists():
-            show(run_dir, console)
-        else:  # a node other than node 0: global rank 0 wrote the summary there
-            console.print(f"This node's ranks finished; node 0's run directory holds the summary. Logs: {run_dir}")
+            return show_plan(prepared)
+        flow.report(launch(prepared), console)
         return
-    if not lab.sweep:
-        raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
-    runs = [prepare(lab, lab.variant(v), opts) for v in lab.sweep]  # every variant checked before any runs
+    runs = flow.prepare_sweep(lab, opts)  # every variant checked before any runs
     if dry_run:
         for prepared in runs:
-            show_plan(*prepared)
+            show_plan(prepared)
         return
-    sweep_dir = new_run_dir(lab.id, "sweep")
-    run_dirs = [str(launch(*prepared)) for prepared in runs]
-    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": lab.sweep, "runs": run_dirs})
-    if lab.sweep_report:
-        import subprocess
-
-        code = subprocess.call([sys.executable, str(lab.folder / lab.sweep_report), str(sweep_dir)])
-        if code != 0:
-            raise typer.Exit(code)
+    try:
+        sweep_dir = flow.run_sweep(lab, runs, console, sys.argv)
+    except flow.RunFailed as failed:
+        raise typer.Exit(failed.code) from None
     console.print(f"sweep directory: {sweep_dir}")
 
 
-def prepare(lab, variant, opts: Options) -> tuple[Plan, Resolved]:
-    """The launch plan and the resolved run, each built once: everything a user can get
-    wrong fails here, before anything is written."""
-    the_plan = plan(lab, variant, opts)
-    topology = Topology(the_plan.world_size, the_plan.device)
-    return the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config)
+def show_plan(prepared: flow.Prepared) -> None:
+    """What --dry-run prints: how the ranks run, and the command."""
+    heading, command = flow.describe(prepared)
+    lab_variant, _, notice = heading.partition(": ")
+    console.print(f"[bold]{lab_variant}[/]: {escape(notice)}")
+    console.print("[bold]command:[/]", command, highlight=False, soft_wrap=True)
 
 
-def show_plan(the_plan: Plan, resolved: Resolved) -> None:
-    named = new_run_dir(resolved.lab.id, resolved.variant.name, create=False)
-    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {escape(the_plan.notice)}")
-    console.print("[bold]command:[/]", the_plan.at(named).shell(), highlight=False, soft_wrap=True)
-
-
-def launch(the_plan: Plan, resolved: Resolved) -> Path:
-    """Claim the run directory, write the hand-off into it, run the ranks."""
-    from plscale.run import runner
-
-    run_dir = new_run_dir(resolved.lab.id, resolved.variant.name)
-    the_plan = the_plan.at(run_dir)
-    write_inputs(run_dir, the_plan, resolved, sys.argv)
-    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {escape(the_plan.notice)}")
-    console.print(f"run directory: {run_dir}")
-    code = runner.run(the_plan, run_dir, console)
-    if code != 0:
-        raise typer.Exit(code)
-    return run_dir
+def launch(prepared: flow.Prepared) -> Path:
+    """Run the ranks (flow.launch); their exit code is the command's when they fail."""
+    try:
+        return flow.launch(prepared, console, sys.argv)
+    except flow.RunFailed as failed:
+        raise typer.Exit(failed.code) from None

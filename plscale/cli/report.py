@@ -29,7 +29,7 @@ def report(
     from plscale.run.compare import load_run, load_runs
     from plscale.run.report import compare as compare_runs
     from plscale.run.report import plot_curves, show
-    from plscale.run.rundir import runs_root
+    from plscale.lab.rundir import runs_root
 
     runs = list(runs or [])
     if plot is not None:

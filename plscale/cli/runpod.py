@@ -211,7 +211,7 @@ def run(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as for `
 
     On several pods every node starts the deepspeed launcher (--no_ssh) with its rank and node 0's
     address. The run goes on if the connection drops; Ctrl-C stops it on every pod."""
-    from plscale.run.labs import find
+    from plscale.lab.labs import find
 
     find(lab)  # an unknown lab fails here, in one line, before minutes of syncing
     variables = dict(_pair(item) for item in env or [])
@@ -242,7 +242,7 @@ def fetch(runs: list[str] = typer.Argument(None, help="Run directory names (defa
           node: int = typer.Option(0, help="Which node (another node's runs go to runs/node-K/)."),
           name: str = typer.Option(None, help=NAME_HELP)) -> None:
     """Copy run directories back from a pod into runs/, so `plscale report` works here."""
-    from plscale.run.rundir import runs_root
+    from plscale.lab.rundir import runs_root
 
     cluster = _reachable(name)
     with Progress() as progress:

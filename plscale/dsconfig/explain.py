@@ -1,6 +1,6 @@
 """What each DeepSpeed setting does to memory, communication and speed, for `config diff`."""
 
-from plscale.run.settings import flatten
+from plscale.dotted import flatten
 
 # Longest matching dotted prefix wins.
 MEANING = {

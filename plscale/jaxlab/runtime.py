@@ -24,12 +24,12 @@ import numpy as np
 
 from plscale.errors import UserError
 from plscale.files import write_json
+from plscale.lab import entry
+from plscale.lab.jaxenv import DEVICE_COUNT, JAX_FLOOR, jax_problem, with_device_count
+from plscale.lab.resolve import Topology
+from plscale.lab.rundir import new_run_dir
 from plscale.rank import logs
 from plscale.rank.metrics import Metrics
-from plscale.run import entry
-from plscale.run.launch import DEVICE_COUNT, JAX_FLOOR, jax_problem, with_device_count
-from plscale.run.resolve import Topology
-from plscale.run.rundir import new_run_dir
 
 
 @dataclass

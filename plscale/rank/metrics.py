@@ -5,8 +5,8 @@ import os
 import time
 from pathlib import Path
 
+from plscale.figures import fmt
 from plscale.files import write_json
-from plscale.run.report import fmt
 
 
 def figure(name: str, value, unit: str = "", predicted=None, note: str = "") -> dict:

@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 
 from plscale.files import write_json
+from plscale.lab import entry
+from plscale.lab.resolve import Topology
+from plscale.lab.rundir import new_run_dir
 from plscale.rank import distributed, logs
 from plscale.rank.metrics import Metrics
 from plscale.rank.system import describe
-from plscale.run import entry
-from plscale.run.resolve import Topology
-from plscale.run.rundir import new_run_dir
 
 
 @dataclass

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from plscale.errors import UserError, did_you_mean
 from plscale.files import read_json_object
+from plscale.lab.rundir import runs_root
+from plscale.lab.settings import flatten
 from plscale.run import references
-from plscale.run.rundir import runs_root
-from plscale.run.settings import flatten
 
 NODE_COPY = re.compile(r"node-(\d+)")
 PATH = re.compile(r"[~/][^\s;,)]*")
@@ -197,7 +197,7 @@ class Judgement:
 def judge(run: Run) -> Judgement:
     """Each of the run's figures against the reference entry for its lab, variant and device."""
     try:
-        from plscale.run.labs import find
+        from plscale.lab.labs import find
         lab, _ = find(run.lab)
     except UserError:
         return Judgement(None, f"lab {run.lab!r} is not among this checkout's labs: no reference")

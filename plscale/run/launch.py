@@ -11,22 +11,21 @@ or N CPU devices XLA simulates (XLA_FLAGS=--xla_force_host_platform_device_count
 """
 
 import os
-import re
 import shlex
 from dataclasses import dataclass, field, replace
-from importlib.metadata import PackageNotFoundError, version
-from importlib.util import find_spec
 from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
+from plscale.lab.jaxenv import (
+    DEVICE_COUNT,
+    has_cuda_plugin,
+    jax_problem,
+    with_device_count,
+)
+from plscale.lab.labs import Lab, Variant
 from plscale.run import launchers
 from plscale.run.hostfile import read_hostfile
-from plscale.run.labs import Lab, Variant
-
-DEVICE_COUNT = "--xla_force_host_platform_device_count"     # XLA_FLAGS: devices of the CPU platform
-CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")  # what JAX needs to see GPUs
-JAX_FLOOR = "0.8.2"  # the oldest JAX the JAX labs run on: pyproject's [jax] extra says the same
 
 
 @dataclass
@@ -104,7 +103,7 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
     gpus = cuda_gpus() if gpus_present is None else gpus_present
     device = "cpu" if opts.cpu or not gpus else "cuda"
     why_cpu = " (--cpu)" if opts.cpu and gpus else ""
-    if launcher == "jax" and device == "cuda" and not any(find_spec(plugin) for plugin in CUDA_PLUGINS):
+    if launcher == "jax" and device == "cuda" and not has_cuda_plugin():
         device, why_cpu = "cpu", (f": JAX has no CUDA plugin here, so the {len(gpus)} GPU(s) stay idle; "
                                   f"pip install 'jax[cuda12]' to use them")
     if lab.gpu_required and device == "cpu":
@@ -162,34 +161,6 @@ def _launcher(lab: Lab, variant: Variant, opts: Options) -> str:
     return launcher
 
 
-def jax_problem(lab_id: str) -> str | None:
-    """One line when JAX is missing or older than the JAX labs need, else None; imports nothing."""
-    if find_spec("jax") is None:
-        return missing_jax(lab_id)
-    try:
-        found = version("jax")
-    except PackageNotFoundError:  # importable without an installed distribution (a source tree): trust it
-        return None
-    if _release(found) < _release(JAX_FLOOR):
-        return (f"Lab {lab_id} needs JAX {JAX_FLOOR} or newer, and this environment has {found}: "
-                f"pip install -U 'jax>={JAX_FLOOR}' (on GPUs 'jax[cuda12]>={JAX_FLOOR}'), then run it again.")
-    return None
-
-
-def jax_install() -> str:
-    """How to get JAX, said the same way everywhere."""
-    return f"pip install -e '.[jax]' in the plscale checkout (or pip install 'jax>={JAX_FLOOR}'; CPU wheels)"
-
-
-def missing_jax(lab_id: str) -> str:
-    return f"Lab {lab_id} needs JAX, an optional extra: {jax_install()}, then run it again."
-
-
-def _release(text: str) -> tuple:
-    """(major, minor, patch) of a version string: "0.9.0.1" -> (0, 9, 0), "0.10.3.dev1" -> (0, 10, 3)."""
-    return tuple(int(n) for n in re.findall(r"\d+", text.split("+")[0])[:3])
-
-
 def _check_one_process(opts: Options) -> None:
     """A JAX lab is one process on this machine: nothing to spread over nodes or restart."""
     given = [("--nodes", opts.nodes, opts.nodes != 1), ("--hostfile", opts.hostfile, opts.hostfile),
@@ -199,12 +170,6 @@ def _check_one_process(opts: Options) -> None:
         if used:
             raise UserError(f"{flag} {value}: a JAX lab runs one process holding this machine's devices (no nodes, "
                             f"no restarts); drop {flag}.")
-
-
-def with_device_count(flags: str, n: int) -> str:
-    """XLA_FLAGS that give the CPU platform n devices: a user's other flags kept, their count replaced."""
-    kept = [flag for flag in flags.split() if not flag.startswith(DEVICE_COUNT)]
-    return " ".join([*kept, f"{DEVICE_COUNT}={n}"])
 
 
 def _jax_env(n: int, device: str) -> dict:

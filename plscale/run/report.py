@@ -9,15 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from plscale.errors import UserError
+from plscale.figures import fmt
 from plscale.files import read_json_object
 
 FLAG_STYLE = {"ok": "green", "outside": "bold red", "hardware": "yellow"}
-
-
-def fmt(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return "" if value is None else str(value)
 
 
 def flag(word: str) -> str:

@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from plscale.lab.rundir import clear_node_scratch
 from plscale.run.launch import Plan
-from plscale.run.rundir import clear_node_scratch
 
 PROGRESS = "PLSCALE_PROGRESS "
 # The launchers' and DeepSpeed's own start-up chatter: kept in launcher.log, not shown.

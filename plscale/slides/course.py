@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from plscale.errors import UserError, did_you_mean
-from plscale.run import labs as lab_registry
+from plscale.lab import labs as lab_registry
 from plscale.run import references
 
 KINDS = ("concept", "hands-on")

@@ -9,7 +9,7 @@ time and `command` the command that measured it.
 import re
 from functools import cache
 
-from plscale.run import labs as lab_registry
+from plscale.lab import labs as lab_registry
 from plscale.run import references
 
 PLACEHOLDER = re.compile(r"\{\{\s*([^{}/]+?)\s*/\s*([^{}:]+?)\s*:\s*([^{}|]+?)\s*(?:\\?\|\s*(predicted)\s*)?\}\}")

@@ -42,7 +42,7 @@ HEARTBEAT_S = 60  # a line on a long run this often: its elapsed time and the la
 @dataclass(frozen=True)
 class Source:
     """Where one committed figure comes from: exactly one of run (+ take), compare, manual (+ why)."""
-    lab: object                  # plscale.run.labs.Lab
+    lab: object                  # plscale.lab.labs.Lab
     file: str                    # relative to the lab's folder, e.g. figures/loss.png
     run: tuple = ()              # plscale's arguments
     take: str | None = None      # the file the run writes in its run or sweep directory

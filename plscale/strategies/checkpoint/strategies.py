@@ -14,7 +14,7 @@ from plscale.strategies.checkpoint.multilevel import MultiLevel
 
 
 def make(engine, ckpt: dict, root: Path, local: Path, meta: dict):
-    """`local`: node-local scratch memory (plscale.run.rundir.node_scratch)."""
+    """`local`: node-local scratch memory (plscale.lab.rundir.node_scratch)."""
     name, every, keep = ckpt["strategy"], ckpt["every"], ckpt["keep"]
     if name == "basic":
         return Basic(engine, root, every, meta, keep)

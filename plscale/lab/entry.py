@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Callable
 
 from plscale.errors import UserError
 from plscale.files import write_json
-from plscale.run.labs import Lab, load_lab
-from plscale.run.resolve import Topology, resolve_run
-from plscale.run.rundir import read_inputs
+from plscale.lab.labs import Lab, load_lab
+from plscale.lab.resolve import Topology, resolve_run
+from plscale.lab.rundir import read_inputs
 
 if TYPE_CHECKING:
     from plscale.rank.metrics import Metrics

@@ -8,7 +8,10 @@ import copy
 
 import yaml
 
+from plscale.dotted import flatten
 from plscale.errors import UserError, did_you_mean
+
+__all__ = ["flatten", "parse_assignment", "resolve", "set_dotted"]
 
 
 def parse_assignment(text: str) -> tuple[str, object]:
@@ -29,19 +32,8 @@ def parse_assignment(text: str) -> tuple[str, object]:
     return key, value
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, path + "."))
-        else:
-            out[path] = value
-    return out
-
-
 def _whole_world(key: str, value) -> bool:
-    """A parallel degree may be 'world': every rank of the run (resolved by plscale.run.resolve)."""
+    """A parallel degree may be 'world': every rank of the run (resolved by plscale.lab.resolve)."""
     return key.startswith("parallel.") and value == "world"
 
 

@@ -25,9 +25,9 @@ from plscale.dsconfig.check import check as check_config
 from plscale.dsconfig.check import load
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.errors import UserError, did_you_mean
+from plscale.lab.labs import Lab, Variant
+from plscale.lab.settings import flatten, resolve
 from plscale.predict.grid import Layout
-from plscale.run.labs import Lab, Variant
-from plscale.run.settings import flatten, resolve
 
 
 @dataclass

@@ -1,0 +1,215 @@
+"""Run a lab, or its sweep, from this process: what `plscale lab run` does, for the CLI, the
+slides' refresh and the benchmarks alike.
+
+    lab, variant = flow.choose("zero2")                    # lab and variant; a bad name: UserError
+    prepared = flow.prepare(lab, variant, Options(gpus=2)) # the plan and the resolved run, written nowhere
+    heading, command = flow.describe(prepared)             # what --dry-run prints
+    run_dir = flow.launch(prepared, console)               # claim runs/..., write the hand-off, run the ranks
+    flow.report(run_dir, console)                          # the summary beside the predictions
+
+or in one call: `flow.run("zero2", Options(gpus=2))` -> the run directory, and
+`flow.sweep("zero", Options(gpus=2))` -> the sweep directory. Everything a user can get wrong
+raises UserError before anything is written; ranks that exit non-zero raise RunFailed, which
+carries their exit code and run directory. The console shows what the CLI shows: rank 0 live,
+the progress bar, a failed rank's last lines. Imports neither torch nor the ranks' code.
+"""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from rich.console import Console
+from rich.markup import escape
+
+from plscale import datafiles
+from plscale.errors import UserError
+from plscale.files import write_json
+from plscale.lab import labs
+from plscale.lab.labs import Lab, Variant
+from plscale.lab.resolve import Resolved, Topology, resolve_run
+from plscale.lab.rundir import new_run_dir, write_inputs
+from plscale.run.launch import Options, Plan, plan
+from plscale.run.report import show
+
+
+class Prepared(NamedTuple):
+    """A run checked and resolved, nothing written yet."""
+    plan: Plan
+    resolved: Resolved
+
+
+class RunFailed(Exception):
+    """The ranks (or a sweep's report script) exited with `code`; their logs are in `run_dir`."""
+
+    def __init__(self, code: int, run_dir: Path):
+        super().__init__(f"the run failed (exit code {code}); logs: {run_dir}")
+        self.code, self.run_dir = code, run_dir
+
+
+def choose(name: str, variant: str | None = None, sweep: bool = False,
+           data_dir: str | None = None) -> tuple[Lab, Variant]:
+    """The lab and variant a name picks (`zero2`: lab zero, variant zero2), and its data checked."""
+    lab, chosen = labs.find(name)
+    chosen = lab.variant(variant) if variant else chosen
+    if sweep and variant:
+        raise UserError(f"--sweep runs the lab's sweep variants ({', '.join(lab.sweep) or 'none'}): drop --variant.")
+    if data_dir and not Path(data_dir).is_dir():
+        raise UserError(f"--data-dir {data_dir} is not a folder: point it at the dataset's files.")
+    datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
+    return lab, chosen
+
+
+def prepare(lab: Lab, variant: Variant, opts: Options) -> Prepared:
+    """The launch plan and the resolved run, each built once: everything a user can get
+    wrong fails here, before anything is written."""
+    the_plan = plan(lab, variant, opts)
+    topology = Topology(the_plan.world_size, the_plan.device)
+    return Prepared(the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config))
+
+
+def prepare_sweep(lab: Lab, opts: Options) -> list[Prepared]:
+    """Every sweep variant prepared, so a bad one fails before any runs."""
+    if not lab.sweep:
+        raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
+    return [prepare(lab, lab.variant(v), opts) for v in lab.sweep]
+
+
+def describe(prepared: Prepared, runs: Path | None = None) -> tuple[str, str]:
+    """(`lab / variant: how the ranks run`, the shell command): what --dry-run prints, with the
+    run directory a run would get now."""
+    the_plan, resolved = prepared
+    named = new_run_dir(resolved.lab.id, resolved.variant.name, runs, create=False)
+    return f"{resolved.lab.id} / {resolved.variant.name}: {the_plan.notice}", the_plan.at(named).shell()
+
+
+def launch(prepared: Prepared, console: Console | None = None, command: list[str] | None = None,
+           runs: Path | None = None) -> Path:
+    """Claim the run directory (under `runs`, else PLSCALE_RUNS_DIR or ./runs), write the hand-off
+    into it (command.txt says `command`, else the `plscale lab run` these options stand for),
+    run the ranks; the run directory, or RunFailed."""
+    from plscale.run import runner
+
+    console = console or Console()
+    the_plan, resolved = prepared
+    run_dir = new_run_dir(resolved.lab.id, resolved.variant.name, runs)
+    the_plan = the_plan.at(run_dir)
+    write_inputs(run_dir, the_plan, resolved, command or ["plscale", "lab", "run", resolved.lab.id,
+                                                          "--variant", resolved.variant.name])
+    console.print(f"[bold]{resolved.lab.id}[/] / {resolved.variant.name}: {escape(the_plan.notice)}")
+    console.print(f"run directory: {run_dir}")
+    code = runner.run(the_plan, run_dir, console)
+    if code != 0:
+        raise RunFailed(code, run_dir)
+    return run_dir
+
+
+def report(run_dir: Path, console: Console | None = None) -> None:
+    """A finished run's summary; on a node other than node 0, where to find it."""
+    console = console or Console()
+    if (Path(run_dir) / "summary.json").exists():
+        show(run_dir, console)
+    else:  # a node other than node 0: global rank 0 wrote the summary there
+        console.print(f"This node's ranks finished; node 0's run directory holds the summary. Logs: {run_dir}")
+
+
+def run(name: str, opts: Options | None = None, variant: str | None = None, console: Console | None = None,
+        command: list[str] | None = None, runs: Path | None = None) -> Path:
+    """`plscale lab run NAME` from this process: the run directory once the ranks finished."""
+    opts = opts or Options()
+    lab, chosen = choose(name, variant, data_dir=opts.data_dir)
+    return launch(prepare(lab, chosen, opts), console, command or command_line(name, opts, variant), runs)
+
+
+def sweep(name: str, opts: Options | None = None, console: Console | None = None,
+          command: list[str] | None = None, runs: Path | None = None) -> Path:
+    """`plscale lab run NAME --sweep`: every sweep variant in turn, then the lab's sweep report
+    on the sweep directory (sweep.json lists the runs); the sweep directory."""
+    opts = opts or Options()
+    lab, _ = choose(name, sweep=True, data_dir=opts.data_dir)
+    return run_sweep(lab, prepare_sweep(lab, opts), console, command or command_line(name, opts, sweep=True), runs)
+
+
+def run_sweep(lab: Lab, prepared: list[Prepared], console: Console | None = None,
+              command: list[str] | None = None, runs: Path | None = None) -> Path:
+    """Run prepared sweep variants in turn, then the lab's sweep report; the sweep directory."""
+    console = console or Console()
+    sweep_dir = new_run_dir(lab.id, "sweep", runs)
+    run_dirs = [str(launch(p, console, command, runs)) for p in prepared]
+    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": lab.sweep, "runs": run_dirs})
+    if lab.sweep_report:
+        script = [sys.executable, str(lab.folder / lab.sweep_report), str(sweep_dir)]
+        if console.file is sys.stdout:  # the terminal: the script prints there itself
+            code = subprocess.call(script)
+        else:
+            done = subprocess.run(script, capture_output=True, text=True)
+            console.print(done.stdout + done.stderr, end="", markup=False, highlight=False)
+            code = done.returncode
+        if code != 0:
+            raise RunFailed(code, sweep_dir)
+    return sweep_dir
+
+
+# `plscale lab run`'s flags, for a command written as words (lab.yaml's `figures:` runs, command.txt).
+# tests/test_flow.py checks they are exactly the CLI's.
+FLAGS = {"--variant": "variant", "-v": "variant", "--gpus": "gpus", "-g": "gpus", "--launcher": "launcher",
+         "--nodes": "nodes", "--hostfile": "hostfile", "--node-rank": "node_rank", "--master-addr": "master_addr",
+         "--master-port": "master_port", "--cpu": "cpu", "--steps": "steps", "--set": "sets",
+         "--ds-config": "ds_config", "--data-dir": "data_dir", "--max-restarts": "max_restarts",
+         "--sweep": "sweep", "--dry-run": "dry_run"}
+
+
+class Request(NamedTuple):
+    """A `plscale lab run` command line, parsed."""
+    name: str
+    variant: str | None
+    opts: Options
+    sweep: bool = False
+    dry_run: bool = False
+
+
+def parse(words: list[str]) -> Request:
+    """`lab run zero --sweep --gpus 2 --cpu` (with or without `plscale lab run`) as a Request;
+    UserError for words `plscale lab run` would refuse."""
+    words = list(words)
+    if words[:1] == ["plscale"]:
+        words = words[1:]
+    if words[:2] == ["lab", "run"]:
+        words = words[2:]
+    parser = _Parser(prog="plscale lab run", add_help=False)
+    parser.add_argument("name")
+    for dest in dict.fromkeys(FLAGS.values()):
+        names = [flag for flag, d in FLAGS.items() if d == dest]
+        if dest in ("cpu", "sweep", "dry_run"):
+            parser.add_argument(*names, dest=dest, action="store_true")
+        elif dest == "sets":
+            parser.add_argument(*names, dest=dest, action="append", default=[])
+        else:
+            kind = int if dest in ("gpus", "nodes", "node_rank", "master_port", "steps", "max_restarts") else str
+            parser.add_argument(*names, dest=dest, type=kind,
+                                default={"nodes": 1, "master_addr": "127.0.0.1"}.get(dest))
+    args = parser.parse_args(words)
+    opts = Options(args.gpus, args.launcher, args.nodes, args.hostfile, args.node_rank, args.master_addr,
+                   args.master_port, args.cpu, args.steps, list(args.sets), args.ds_config, args.data_dir,
+                   args.max_restarts)
+    return Request(args.name, args.variant, opts, args.sweep, args.dry_run)
+
+
+def command_line(name: str, opts: Options, variant: str | None = None, sweep: bool = False) -> list[str]:
+    """The `plscale lab run` these options stand for (what command.txt records)."""
+    words = ["plscale", "lab", "run", name] + (["--variant", variant] if variant else [])
+    defaults = Options()
+    for flag, dest in FLAGS.items():
+        if flag.startswith("--") and dest not in ("variant", "sweep", "dry_run", "sets") \
+                and getattr(opts, dest) != getattr(defaults, dest):
+            value = getattr(opts, dest)
+            words += [flag] if value is True else [flag, str(value)]
+    for text in opts.sets:
+        words += ["--set", text]
+    return words + (["--sweep"] if sweep else [])
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(f"plscale lab run: {message}.")
