@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,31 +186,34 @@ def _with_data(args: tuple, lab, data_dir) -> tuple:
 
 
 def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenient: bool = False) -> Path:
-    """`plscale ARGS` with a runs directory of its own; the run (or sweep) directory it made.
+    """`plscale ARGS` with a runs directory of its own, its output in a log; the run (or sweep)
+    directory it made. `lab run` and `report --compare` run in this process (plscale.run.flow,
+    plscale.run.report); another command (`bench collectives`) as `python -m plscale.cli.main`.
     lenient: a run that finished (summary.json) but failed its checks counts as done."""
     runs, log = work / f"runs-{n}", work / f"run-{n}.log"
     runs.mkdir()
     command = f"plscale {shlex.join(args)}"
     echo(f"[{n}/{total}] {command}")
     began = time.monotonic()
-    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs), "COLUMNS": "160"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            echo(f"      {time.monotonic() - began:.0f} s: {_last_line(log)}")
+
+    made = None
+    with open(log, "w", buffering=1) as out:
+        beat = threading.Thread(target=heartbeat, daemon=True)
+        beat.start()
         try:
-            while True:
-                try:
-                    code = proc.wait(timeout=HEARTBEAT_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    echo(f"      {time.monotonic() - began:.0f} s: {_last_line(log)}")
-        except BaseException:  # Ctrl-C: stop the run before leaving
-            proc.terminate()
-            proc.wait()
-            raise
+            made, code = _job(args, runs, out)
+        finally:
+            done.set()
+            beat.join()
+    if code == 130:  # Ctrl-C: the runner stopped every rank
+        raise KeyboardInterrupt
     took = time.monotonic() - began
-    made = sorted(p for p in runs.iterdir() if p.is_dir())
-    if code != 0 and lenient and len(made) == 1 and (made[0] / "summary.json").is_file():
+    if code != 0 and lenient and made is not None and (made / "summary.json").is_file():
         echo(f"      its checks failed (exit {code}), as a compared run may: kept for the comparison")
     elif code != 0:
         for line in log.read_text(errors="replace").splitlines()[-15:]:
@@ -219,11 +223,54 @@ def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenien
     echo(f"      done in {took:.0f} s ({time.monotonic() - start:.0f} s in all)")
     if args[0] == "report":
         return runs
-    sweeps = [p for p in made if (p / "sweep.json").is_file()]
-    if len(sweeps) == 1 or len(made) == 1:
-        return (sweeps or made)[0]
-    raise UserError(f"`{command}` made {len(made)} run directories in {runs}, none of them a sweep: "
+    if made is not None:
+        return made
+    dirs = sorted(p for p in runs.iterdir() if p.is_dir())
+    sweeps = [p for p in dirs if (p / "sweep.json").is_file()]
+    if len(sweeps) == 1 or len(dirs) == 1:
+        return (sweeps or dirs)[0]
+    raise UserError(f"`{command}` made {len(dirs)} run directories in {runs}, none of them a sweep: "
                     f"declare a run that makes one run or one sweep.")
+
+
+def _job(args: tuple, runs: Path, out) -> tuple[Path | None, int]:
+    """Run `plscale ARGS`, its output into `out`: (the run or sweep directory when known, exit code)."""
+    from rich.console import Console
+
+    from plscale.run import flow
+
+    console = Console(file=out, width=160)
+    try:
+        if args[:2] == ("lab", "run"):
+            request = flow.parse(list(args))
+            if request.sweep:
+                made = flow.sweep(request.name, request.opts, console, runs=runs)
+                console.print(f"sweep directory: {made}")
+            else:
+                made = flow.run(request.name, request.opts, request.variant, console, runs=runs)
+                flow.report(made, console)
+            return made, 0
+        if args[:2] == ("report", "--compare"):
+            from plscale.run.compare import load_runs
+            from plscale.run.report import compare
+
+            folders, plot = list(args[2:-2]), Path(args[-1])
+            compare(load_runs(folders, False), console, plot)
+            return None, 0
+    except flow.RunFailed as failed:
+        return failed.run_dir, failed.code
+    except UserError as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        return None, exc.exit_code
+    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs), "COLUMNS": "160"}
+    proc = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", *args], stdout=out,
+                            stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    try:
+        return None, proc.wait()
+    except BaseException:  # Ctrl-C: stop the run before leaving
+        proc.terminate()
+        proc.wait()
+        raise
 
 
 def _last_line(log: Path) -> str:
