@@ -7,13 +7,16 @@ through rank 0). The three take turns in the same run, so a busy machine slows t
 """
 
 import argparse
-import os
-import subprocess
+import io
 import sys
 import tempfile
 from pathlib import Path
 
+from rich.console import Console
+
+from plscale.errors import UserError
 from plscale.predict import busbw
+from plscale.run import flow
 
 TARGET = 1.5
 
@@ -23,14 +26,20 @@ parser.add_argument("--size", default="64M")
 parser.add_argument("--budget", default="4", help="seconds of timed calls per all-reduce")
 args = parser.parse_args()
 
+# `plscale bench collectives --sizes SIZE --ops all_reduce --budget B` is the collectives lab's bench
+# variant with these settings (ring and naive on by default): run in this process (plscale.run.flow).
+words = ["lab", "run", "collectives", "--variant", "bench", "--gpus", args.gpus, "--set", f"bench.sizes={args.size}",
+         "--set", "bench.ops=all_reduce", "--set", f"bench.budget_s={args.budget}"]
+print("$ plscale", " ".join(words), flush=True)
 with tempfile.TemporaryDirectory() as tmp:
-    cmd = [sys.executable, "-m", "plscale.cli.main", "bench", "collectives", "--gpus", args.gpus, "--sizes", args.size,
-           "--ops", "all_reduce", "--budget", args.budget, "--out", tmp]
-    print("$", " ".join(cmd[2:]).replace("plscale.cli.main", "plscale"), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PLSCALE_RUNS_DIR": tmp})
-    if done.returncode != 0:
-        sys.exit(done.stdout + done.stderr)
-    row = busbw.read_csv(Path(tmp) / "busbw.csv")[0]
+    output = io.StringIO()
+    request = flow.parse(words)
+    try:
+        run_dir = flow.run(request.name, request.opts, request.variant, Console(file=output, width=160),
+                           ["plscale", *words], Path(tmp))
+    except (UserError, flow.RunFailed) as exc:
+        sys.exit(f"{exc}\n{output.getvalue()}")
+    row = busbw.read_csv(run_dir / "busbw.csv")[0]
     backend = row["backend"]
 
 print(f"all_reduce of {busbw.human(row['size'])} on {int(row['ranks'])} ranks over {backend}, "

@@ -1,11 +1,17 @@
-"""Shared by the IMDB benchmarks: run the lab through the real CLI and read what it wrote."""
+"""Shared by the IMDB benchmarks: run the lab as `plscale lab run` does (plscale.run.flow, in this
+process) and read what it wrote."""
 
+import io
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from rich.console import Console
+
+from plscale.errors import UserError
+from plscale.run import flow
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_IMDB = Path(os.environ.get("PLSCALE_SHARED_DATA", ROOT.parent / "shared" / "data")) / "imdb"
@@ -21,20 +27,23 @@ def data_args(data_dir: str | None) -> list[str]:
 
 
 def run_lab(variant: str, gpus: int, sets: dict, steps: int | None = None, extra=()) -> tuple[dict, float]:
-    """`plscale lab run VARIANT --gpus N --set k=v ...`; returns (summary.json, wall seconds)."""
+    """`plscale lab run VARIANT --gpus N --set k=v ...` in this process (plscale.run.flow), its
+    output kept and shown only on a failure; returns (summary.json, wall seconds)."""
     runs = Path(os.environ.get("PLSCALE_RUNS_DIR", "runs")).resolve()
-    before = set(runs.iterdir()) if runs.exists() else set()
-    argv = [sys.executable, "-m", "plscale.cli.main", "lab", "run", variant, "--gpus", str(gpus), *extra]
-    argv += ["--steps", str(steps)] if steps else []
+    words = ["lab", "run", variant, "--gpus", str(gpus), *map(str, extra)]
+    words += ["--steps", str(steps)] if steps else []
     for key, value in sets.items():
-        argv += ["--set", f"{key}={value}"]
-    print("$ plscale " + " ".join(argv[3:]), flush=True)
+        words += ["--set", f"{key}={value}"]
+    print("$ plscale " + " ".join(words), flush=True)
+    output = io.StringIO()
     start = time.perf_counter()
-    result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PLSCALE_RUNS_DIR": str(runs)})
+    try:
+        request = flow.parse(words)
+        run_dir = flow.run(request.name, request.opts, request.variant, Console(file=output, width=160),
+                           ["plscale", *words], runs)
+    except (UserError, flow.RunFailed) as exc:
+        sys.exit(f"the run failed ({exc}):\n{output.getvalue()[-4000:]}")
     wall = time.perf_counter() - start
-    if result.returncode != 0:
-        sys.exit(f"the run failed (exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-    (run_dir,) = set(runs.iterdir()) - before
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir)
     return summary, wall

@@ -17,16 +17,18 @@ traced to the run that made it. The tolerance of each figure: plscale/run/refere
 """
 
 import argparse
+import io
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from plscale.errors import UserError
 from plscale.lab import labs  # host side: no torch
-from plscale.run import references
+from plscale.run import flow, references
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,24 +51,33 @@ def losses(run_dir: Path) -> list[float]:
 
 
 def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) -> Path | None:
-    """One real run through the CLI; returns the reference.json it updated (None: the run failed)."""
+    """One real run, as `plscale lab run` does it; returns the reference.json it updated (None: the run failed)."""
     data_dir = data_dir if lab.data else None  # a lab without a dataset: no --data-dir in its command
     argv = (["lab", "run", lab.id, "--variant", variant] + ([] if gpu else ["--cpu"])
             + (["--data-dir", data_dir] if data_dir else []))
-    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs_dir), "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
+    env = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"),
            "PLSCALE_DATA_DIR": ""}  # the data comes from the command, nowhere else
-    before = set(runs_dir.iterdir()) if runs_dir.is_dir() else set()
     print(f"== {lab.id} / {variant}: plscale {' '.join(argv)}", flush=True)
+    output, saved = io.StringIO(), {key: os.environ.get(key) for key in env}
+    os.environ.update(env)  # the ranks inherit this process's environment
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "plscale.cli.main", *argv], cwd=ROOT, env=env, check=False,
-                          capture_output=True, text=True, timeout=1800)
+    try:  # in this process, as `plscale lab run` does it (plscale.run.flow)
+        request = flow.parse(argv)
+        run_dir = flow.run(request.name, request.opts, request.variant, Console(file=output, width=160),
+                           ["plscale", *argv], runs_dir)
+        failed = None if (run_dir / "summary.json").is_file() else "no summary.json"
+    except (UserError, flow.RunFailed) as exc:
+        failed = str(exc)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     wall = time.perf_counter() - start
-    new = sorted(p for p in set(runs_dir.iterdir()) - before if (p / "settings.json").is_file())
-    if done.returncode != 0 or len(new) != 1 or not (new[0] / "summary.json").is_file():
-        print(f"   FAILED (exit {done.returncode}, {wall:.0f} s): no reference written.\n"
-              + done.stdout[-3000:] + done.stderr[-3000:], flush=True)
+    if failed:
+        print(f"   FAILED ({failed}, {wall:.0f} s): no reference written.\n" + output.getvalue()[-6000:], flush=True)
         return None
-    run_dir = new[0]
     command = "plscale " + " ".join(argv)
     entry = references.entry_from_run(run_dir, command, wall, losses(run_dir), data_dir)
     entry["run"] = run_dir.name

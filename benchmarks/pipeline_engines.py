@@ -12,27 +12,33 @@ with 2 stages; 1F1B's activations <= GPipe's at m > p and within 5% of the predi
 """
 
 import argparse
-import os
+import io
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from rich.console import Console
+
+from plscale.run import flow
+from plscale.run.launch import Options
 
 ENGINES = {"plscale 1F1B": "1f1b", "plscale GPipe": "gpipe", "DeepSpeed": "deepspeed", "torch 1F1B": "torch-1f1b"}
 
 
 def run(variant: str, args, runs: Path) -> dict:
-    argv = [sys.executable, "-m", "plscale.cli.main", "lab", "run", "pipeline", "--variant", variant,
-            "--gpus", str(args.gpus), "--steps", str(args.steps), "--set", "train.parity_steps=0",
-            "--set", "bubble.micro_batches=[2,4,8,16]", "--set", "bubble.steps=3"] + (["--cpu"] if args.cpu else [])
-    env = {**os.environ, "PLSCALE_RUNS_DIR": str(runs)}
-    out = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if out.returncode not in (0, 1):  # 1: a lab check failed; the figures still count
-        sys.exit(f"{variant} failed:\n{out.stderr[-2000:]}")
-    newest = max((p for p in runs.iterdir() if p.name.endswith(f"pipeline-{variant}")), key=lambda p: p.stat().st_mtime)
-    return json.loads((newest / "summary.json").read_text())
+    """One run of the pipeline lab in this process (plscale.run.flow), its output kept; summary.json."""
+    opts = Options(gpus=args.gpus, cpu=args.cpu, steps=args.steps, sets=[
+        "train.parity_steps=0", "bubble.micro_batches=[2,4,8,16]", "bubble.steps=3"])
+    output = io.StringIO()
+    try:
+        run_dir = flow.run("pipeline", opts, variant, Console(file=output, width=160), runs=runs)
+    except flow.RunFailed as failed:
+        if failed.code != 1:  # 1: a lab check failed; the figures still count
+            sys.exit(f"{variant} failed:\n{output.getvalue()[-2000:]}")
+        run_dir = failed.run_dir
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 def main() -> None:

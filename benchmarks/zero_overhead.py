@@ -27,10 +27,10 @@
 """
 
 import argparse
+import io
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from rich.console import Console  # noqa: E402
 from run_watch import Others, watch  # noqa: E402
+
+from plscale.run import flow  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "wikitext-2"
@@ -93,12 +96,10 @@ def launcher_argv(launcher: str, ranks: int) -> list:
 
 
 def plscale(*args, runs: Path) -> Path:
-    """Run the CLI to the end (output discarded); the run directory it made."""
-    runs.mkdir(parents=True, exist_ok=True)
-    before = set(runs.glob("*"))
-    subprocess.run([sys.executable, "-m", "plscale.cli.main", *map(str, args)], check=True,
-                   env={**os.environ, "PLSCALE_RUNS_DIR": str(runs)}, stdout=subprocess.DEVNULL)
-    return next(iter(set(runs.glob("*")) - before))
+    """`plscale ARGS` (a `lab run`) to the end in this process (plscale.run.flow), output
+    discarded; the run directory it made."""
+    request = flow.parse([str(a) for a in args])
+    return flow.run(request.name, request.opts, request.variant, Console(file=io.StringIO()), runs=runs)
 
 
 def steady(times: list[float]) -> float:
@@ -135,7 +136,7 @@ def main() -> None:
 
     def run_side(side: str, r: int) -> dict:
         if side == "lab":
-            runs = work / f"lab-{r}"
+            runs = work / f"lab-{r}"  # the CLI in a process of its own: its CPU counts in the lab's
             argv = [sys.executable, "-m", "plscale.cli.main", "lab", "run", "zero2", "--gpus", 2,
                     "--launcher", args.launcher, *common]
             window = watch(argv, {**os.environ, "PLSCALE_RUNS_DIR": str(runs)}, f"{runs}/*/metrics.jsonl",
