@@ -31,20 +31,22 @@ import torch.distributed as dist
 
 from plscale.charts import plots
 from plscale.predict import memory, tensor_parallel as predict
-from plscale.predict.busbw import bus_factor
-from plscale.predict.memory import LABELS, MODEL_STATES
+from plscale.predict.activations import activation_bytes
+from plscale.predict.memory import MODEL_STATES
 from plscale.predict.presets import param_count, preset
+from plscale.predict.units import MiB
 from plscale.rank import runtime
+from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
+from plscale.rank.against_prediction import (collectives_table, gathered, memory_table, mib_figure, per_rank,
+                                             same_collectives, within)
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-from plscale.rank.reference import largest_gap, reference_losses
 from plscale.strategies.tensor_parallel import operators as ops, side_by_side
 from plscale.strategies.tensor_parallel.llama import TensorParallelLlama
 
-MiB = 2**20
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
 T, sp, seq, seed = S["parallel"]["tp"], S["tp"]["sequence_parallel"], S["model"]["seq"], S["seed"]
@@ -66,13 +68,7 @@ tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
 vocab = -(-tokens.vocab // T) * T  # Megatron pads the vocabulary to a multiple of tp
 config = preset(S["model"]["preset"]).with_vocab(vocab)
 blocks = wikitext.pack(tokens.train, seq)
-shards = [wikitext.Shards(blocks, micro, accum, r, dp, seed) for r in range(dp)]
-
-
-def batch(step: int, of_replica: int = replica) -> list:
-    return [(b[:, :-1].to(dev), b[:, 1:].to(dev)) for b in shards[of_replica].step(step)]
-
-
+batch = wikitext.replica_batches(blocks, micro, accum, seed, dev, dp, replica)  # batch(step, replica=mine)
 ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, vocabulary {tokens.vocab}"
         f"{f' padded to {vocab}' if vocab != tokens.vocab else ''}")
 
@@ -130,11 +126,9 @@ parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:
     reference = Llama(config).to(dev)
     reference.load_state_dict(initial)
-    want = reference_losses(reference, ds, lambda step: [mb for r in range(dp) for mb in batch(step, r)], parity)
-    gap = largest_gap(losses, want)
-    ctx.log("\nloss, tensor-parallel vs dense: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
-    ctx.check("the split model follows the dense model's loss", gap <= 1e-5,
-              f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
+    want = reference_losses(reference, ds, every_replica(batch, dp), parity)
+    ctx.log("\nloss, tensor-parallel vs dense: " + step_by_step(losses, want))
+    ctx.check(*follows("the split model follows the dense model's loss", losses, want))
 
 # ---- Collectives of one step in the tensor-parallel group, against the prediction ----------
 figures = []
@@ -143,12 +137,7 @@ want = predict.by_op_phase(rows)
 if ctx.is_main:
     # bytes: each call's whole tensor (nccl-tests' S); on the wire, what a ring makes each rank send
     ctx.log(f"\ncollectives per step in the tensor-parallel group (step {census_step}, rank 0), measured / predicted")
-    wire = 0.0
-    for key in sorted(set(want) | set(tally)):
-        (c, b), (pc, pb) = tally.get(key, (0, 0)), want.get(key, (0, 0))
-        wire += b * bus_factor(key[0], T)
-        ctx.log(f"  {key[0]:15}{key[1]:9}{c:5} / {pc:<5} calls {b / MiB:9.3f} / {pb / MiB:.3f} MiB   "
-                f"{b * bus_factor(key[0], T) / MiB:7.3f} MiB on the wire")
+    wire = collectives_table(ctx.log, tally, want, T)
     for row in rows:
         size = f"{row.bytes / MiB:.3f} MiB" if row.bytes >= MiB / 100 else f"{row.bytes / 1024:.1f} KiB"
         ctx.log(f"    predicted: {row.op:15}{row.phase:9}{row.calls:4} x {size:>10}  {row.where}")
@@ -158,11 +147,9 @@ if ctx.is_main:
                                                                    "sequence parallelism" if sp else ""))
     ctx.log(f"  each rank sends {wire / MiB:.2f} MiB per step through a ring (x 2(t-1)/t for an all-reduce, "
             f"(t-1)/t for an all-gather or a reduce-scatter)")
-    figures.append(figure("tensor-parallel traffic per rank per step", round(wire / MiB, 3), "MiB", None,
-                          "sent through a ring, all collectives of the tp group"))
-    ctx.check("collectives per step as predicted", tally == want,
-              f"{sum(c for c, _ in tally.values())} calls, {sum(b for _, b in tally.values()) / MiB:.2f} MiB "
-              f"measured; {sum(c for c, _ in want.values())} calls predicted")
+    figures.append(mib_figure("tensor-parallel traffic per rank per step", wire, None,
+                              "sent through a ring, all collectives of the tp group"))
+    ctx.check(*same_collectives("collectives per step as predicted", tally, want))
 
 # ---- Memory per rank: model states and activations against the memory model ---------------
 setup = replace(memory.setup_from_ds_config(ds, dp, config, seq), tp=T, sp=sp)
@@ -176,39 +163,27 @@ for label, split_sequence in (("dense (one rank)", None), ("tp", False), ("tp + 
         net.load_dense(dense)
     with saved_activations() as saved:
         net(x, y)
-    acts[label] = (saved.bytes, memory.activation_bytes(replace(setup, tp=1 if split_sequence is None else T,
-                                                                sp=bool(split_sequence))))
-everyone = [None] * ctx.world_size
-dist.all_gather_object(everyone, measured)
-for m in everyone:
-    m["model_states"] = sum(m[k] for k in MODEL_STATES)
+    acts[label] = (saved.bytes, activation_bytes(replace(setup, tp=1 if split_sequence is None else T,
+                                                         sp=bool(split_sequence))))
+everyone = gathered(measured)
 predicted["model_states"] = sum(predicted[k] for k in MODEL_STATES)
 dense_states = memory.estimate(replace(setup, tp=1, sp=False)).model_states  # the same states, unsplit
 if ctx.is_main:
+    rows, tol = per_rank(everyone, (*MODEL_STATES, "model_states")), S["memory"]["tolerance"]
     ctx.log(f"\nmemory per rank, MiB (census after step {census_step}'s backward), predicted with tp {T}")
-    ctx.log(f"  {'':26}" + "".join(f"{'rank ' + str(r):>9}" for r in range(ctx.world_size)))
-    for name in (*MODEL_STATES, "model_states"):
-        values, guess = [m[name] for m in everyone], predicted[name]
-        error = max(abs(v - guess) for v in values) / guess if guess else 0.0
-        ctx.log(f"  {LABELS[name]:26}" + "".join(f"{v / MiB:9.2f}" for v in values) + f"   predicted "
-                f"{guess / MiB:8.2f}   error {100 * error:.1f}%")
-        figures.append(figure(f"{LABELS[name]} per rank (max)", round(max(values) / MiB, 3), "MiB",
-                              round(guess / MiB, 3), f"error {100 * error:.1f}%"))
+    figures += memory_table(ctx.log, rows, predicted, width=26)[1]
     ctx.log(f"  the dense model's states / {T}: {dense_states / T / MiB:.2f} MiB; with the replicated norms "
             f"whole on every rank: {predicted['model_states'] / MiB:.2f} MiB")
-    worst = max(abs(m["model_states"] - predicted["model_states"]) for m in everyone) / predicted["model_states"]
-    ctx.check("model states per rank match the model", worst <= S["memory"]["tolerance"],
-              f"worst rank off by {100 * worst:.2f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
+    ctx.check(*within("model states per rank match the model",
+                      [(v, predicted["model_states"]) for v in rows["model_states"]], tol))
     ctx.log(f"\nactivations saved for backward, one micro-batch of {micro} x {seq}, MiB, measured / predicted")
     for label, (got, guess) in acts.items():
         ctx.log(f"  {label:18}{got / MiB:9.3f} / {guess / MiB:.3f}   error {100 * abs(got - guess) / guess:.1f}%")
-        figures.append(figure(f"activations, {label}", round(got / MiB, 3), "MiB", round(guess / MiB, 3)))
-    off = max(abs(got - guess) / guess for got, guess in acts.values())
-    ctx.check("activations match the memory model", off <= S["memory"]["tolerance"],
-              f"worst off by {100 * off:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
-    states = max(m["model_states"] for m in everyone)
-    figures.append(figure(f"model states per rank vs dense / {T}", round(states / MiB, 3), "MiB",
-                          round(dense_states / T / MiB, 3), "the replicated norms make the difference"))
+        figures.append(mib_figure(f"activations, {label}", got, guess))
+    ctx.check(*within("activations match the memory model", acts.values(), tol, "worst", digits=1))
+    states = max(rows["model_states"])
+    figures.append(mib_figure(f"model states per rank vs dense / {T}", states, dense_states / T,
+                              "the replicated norms make the difference"))
     plots.measured_vs_predicted(ctx.run_dir / "memory.png", {
         "model states per rank": {"dense": (None, dense_states / MiB), f"tp {T}": (states / MiB,
                                                                                  predicted["model_states"] / MiB)},
@@ -237,8 +212,7 @@ if ctx.is_main and compared:
             continue
         gap = largest_gap(path_losses, losses)
         ctx.log(f"  {name:14}{gap:18.2e}{1e3 * path_s:10.1f}ms{path_s / base:17.2f}x")
-        ctx.check(f"{name} agrees with the DeepSpeed-trained run", gap <= 1e-5,
-                  f"largest relative loss gap {gap:.2e} over {len(path_losses)} steps (tolerance 1e-5)")
+        ctx.check(*follows(f"{name} agrees with the DeepSpeed-trained run", path_losses, losses))
         if name != "hand-written":
             figures.append(figure(f"step time, {name} / hand-written", round(path_s / base, 3), "x", None,
                                   f"median of the {k - 1} steps after the first"))

@@ -21,7 +21,6 @@ the Llama with its sequence split, through DeepSpeed, against the dense model's 
         (DS_ACCELERATOR=cpu without GPUs; PLSCALE_DATA_DIR=path/to/wikitext-2 for the real data)
 """
 
-import copy
 from dataclasses import replace
 
 import deepspeed
@@ -31,8 +30,12 @@ import torch.nn.functional as F
 
 from plscale.charts import plots
 from plscale.predict import context_parallel as predict, memory
+from plscale.predict.activations import activation_bytes
 from plscale.predict.presets import preset
+from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
+from plscale.rank.against_dense import every_replica, follows, reference_losses, step_by_step
+from plscale.rank.against_prediction import gathered, largest_error, mib_figure, within
 from plscale.rank.census import saved_activations
 from plscale.strategies.context_parallel import ring_attention as ring, ulysses
 from plscale.strategies.context_parallel.llama import ContextParallelLlama, split_batch
@@ -40,9 +43,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-from plscale.rank.reference import largest_gap, reference_losses
 
-MiB = 2**20
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
 CP, opts, seq, seed = S["parallel"]["cp"], S["cp"], S["model"]["seq"], S["seed"]
@@ -71,12 +72,6 @@ def attend(kind: str, cut: str, q, k, v):
     return mine, local, out
 
 
-def largest_over_ranks(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
-
-
 # ---- 1. Attention split over the ranks equals attention on one rank (float64) ---------------
 g = torch.Generator().manual_seed(seed)
 q, k, v = (torch.randn(2, h, seq, head_dim, generator=g, dtype=torch.float64).to(dev).requires_grad_()
@@ -91,7 +86,7 @@ for kind, cut in (("ring", "plain"), ("ring", "zigzag"), ("ulysses", "plain")):
     gaps = {"output": (out - full[:, :, mine]).abs().max().item()}
     for name, whole, part in zip(("dq", "dk", "dv"), (q, k, v), local):
         gaps[name] = (part.grad - whole.grad[:, :, mine]).abs().max().item()
-    worst = {name: largest_over_ranks(gap) for name, gap in gaps.items()}
+    worst = {name: max(gathered(gap, group)) for name, gap in gaps.items()}  # the largest over the ranks
     label = f"{kind} attention, {cut} split" if kind == "ring" else "Ulysses (DeepSpeed DistributedAttention)"
     ctx.log(f"  {label:42}" + "  ".join(f"{n} {gap:.1e}" for n, gap in worst.items()))
     ctx.check(f"{label} equals full attention", max(worst.values()) <= 1e-10,
@@ -109,10 +104,7 @@ for cut in ("plain", "zigzag"):
         _, _, out = attend("ring", cut, q, k, v)
         out.sum().backward()
         seconds.append(sum(ring.TALLY.compute_seconds.values()))
-    mine = (ring.TALLY.scores["forward"], min(seconds))  # scores per sequence and head; compute seconds
-    everyone = [None] * CP
-    dist.all_gather_object(everyone, mine, group=group)
-    balance[cut] = everyone
+    balance[cut] = gathered((ring.TALLY.scores["forward"], min(seconds)), group)  # scores per head; seconds
 if ctx.is_main:
     ctx.log(f"\ncausal attention of one {long}-token sequence, work per rank (query-key scores per head) "
             f"and compute time (forward + backward), measured / predicted")
@@ -147,9 +139,8 @@ tokens = wikitext.tokenize(corpus, config.vocab)
 config = config.with_vocab(tokens.vocab)
 torch.manual_seed(seed)
 dense = Llama(config).to(dev)
-initial = copy.deepcopy(dense.state_dict())
 split_model = ContextParallelLlama(config, group, attention, split).to(dev)
-split_model.load_state_dict(initial)
+split_model.load_state_dict(dense.state_dict())  # the same initial weights
 setup = replace(memory.setup_from_ds_config(ds, mesh.size("dp-cp"), config, seq), micro_batch=1)
 acts = []
 for length in opts["memory_seqs"]:
@@ -158,32 +149,23 @@ for length in opts["memory_seqs"]:
         dense(x[:, :-1].clone(), x[:, 1:].clone())
     with saved_activations() as part:
         split_model(*split_batch(x[:, :-1], x[:, 1:], CP, me, split))
-    mine = [part.bytes]
-    dist.all_gather_object(everyone := [None] * CP, mine[0], group=group)
-    acts.append((length, whole.bytes, memory.activation_bytes(replace(setup, seq=length)), max(everyone),
-                 memory.activation_bytes(replace(setup, seq=length, cp=CP))))
+    acts.append((length, whole.bytes, activation_bytes(replace(setup, seq=length)), max(gathered(part.bytes, group)),
+                 activation_bytes(replace(setup, seq=length, cp=CP))))
 if ctx.is_main:
     ctx.log(f"\nactivations saved for backward, one sequence, MiB per rank, measured / predicted "
             f"('{S['model']['preset']}', {attention} attention)")
     for length, got1, want1, got, want in acts:
         ctx.log(f"  seq {length:6}   one rank {got1 / MiB:8.2f} / {want1 / MiB:.2f}   cp {CP} {got / MiB:8.2f} / "
                 f"{want / MiB:.2f}   saved {1 - got / got1:.0%}")
-    off = max(max(abs(a - b) / b for a, b in ((r[1], r[2]), (r[3], r[4]))) for r in acts)
-    ctx.check("activations per rank match the memory model", off <= S["memory"]["tolerance"],
-              f"worst off by {100 * off:.1f}% (tolerance {100 * S['memory']['tolerance']:g}%)")
+    ctx.check(*within("activations per rank match the memory model", [p for r in acts for p in (r[1:3], r[3:5])],
+                      S["memory"]["tolerance"], "worst", digits=1))
     last = acts[-1]
-    figures += [figure(f"activations per rank, seq {last[0]}, cp {CP}", round(last[3] / MiB, 3), "MiB",
-                       round(last[4] / MiB, 3)),
-                figure(f"activations, seq {last[0]}, one rank", round(last[1] / MiB, 3), "MiB", round(last[2] / MiB, 3))]
-    lengths = [r[0] for r in acts]
-    plots.line_plot(ctx.run_dir / "memory.png", {
-        "one rank, measured": (lengths, [r[1] / MiB for r in acts]),
-        "one rank, predicted": (lengths, [r[2] / MiB for r in acts]),
-        f"cp {CP}, measured": (lengths, [r[3] / MiB for r in acts]),
-        f"cp {CP}, predicted": (lengths, [r[4] / MiB for r in acts])},
-        f"activations per rank against sequence length ('{S['model']['preset']}')", "sequence length", "MiB",
-        styles={"one rank, measured": "C0o", "one rank, predicted": "C0-", f"cp {CP}, measured": "C1s",
-                f"cp {CP}, predicted": "C1--"})
+    figures += [mib_figure(f"activations per rank, seq {last[0]}, cp {CP}", last[3], last[4]),
+                mib_figure(f"activations, seq {last[0]}, one rank", last[1], last[2])]
+    plots.measured_and_predicted(ctx.run_dir / "memory.png", [r[0] for r in acts], {
+        "one rank": ([r[1] / MiB for r in acts], [r[2] / MiB for r in acts]),
+        f"cp {CP}": ([r[3] / MiB for r in acts], [r[4] / MiB for r in acts])},
+        f"activations per rank against sequence length ('{S['model']['preset']}')", "sequence length", "MiB")
 
 # ---- 4. Training: the Llama with its sequences split, through DeepSpeed ---------------------
 # Each cp rank's loss is its tokens' share; DeepSpeed, told the mesh (MegatronMPU), sums the
@@ -191,13 +173,7 @@ if ctx.is_main:
 engine, *_ = deepspeed.initialize(model=split_model, model_parameters=split_model.parameters(), config=ds,
                                   mpu=MegatronMPU(mesh))
 blocks = wikitext.pack(tokens.train, seq)
-shards = [wikitext.Shards(blocks, micro, accum, r, dp, seed) for r in range(dp)]
-
-
-def batch(step: int, of_replica: int = replica) -> list:
-    return [(b[:, :-1].to(dev), b[:, 1:].to(dev)) for b in shards[of_replica].step(step)]
-
-
+batch = wikitext.replica_batches(blocks, micro, accum, seed, dev, dp, replica)  # batch(step, replica=mine)
 ctx.log(f"\ntraining: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, "
         f"each split over cp {CP} ({split} split), {attention} attention")
 steps, losses = S["train"]["steps"], []
@@ -215,14 +191,10 @@ for step in range(steps):
     ctx.metrics.progress(f"cp {CP}, {attention}", step + 1, steps, f"loss {losses[-1]:.4f}")
 
 parity = min(S["train"]["parity_steps"], steps)
-if ctx.is_main and parity:
-    reference = Llama(config).to(dev)
-    reference.load_state_dict(initial)
-    want = reference_losses(reference, ds, lambda step: [mb for r in range(dp) for mb in batch(step, r)], parity)
-    gap = largest_gap(losses, want)
-    ctx.log("loss, context-parallel vs dense: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
-    ctx.check("the split Llama follows the dense model's loss", gap <= 1e-5,
-              f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
+if ctx.is_main and parity:  # the dense model has run forwards only: it is at the initial weights
+    want = reference_losses(dense, ds, every_replica(batch, dp), parity)
+    ctx.log("loss, context-parallel vs dense: " + step_by_step(losses, want))
+    ctx.check(*follows("the split Llama follows the dense model's loss", losses, want))
 # ---- 5. Bytes each rank sends per layer, as the sequence grows: ring and Ulysses -----------
 # Ring: the ring's own tally of point-to-point sends. Ulysses: DeepSpeed's comms logger (on once
 # deepspeed.initialize has read ds.comms_logger), which records each all-to-all's whole
@@ -254,29 +226,21 @@ if ctx.is_main:
         ctx.log(f"  seq {length:6}   ring {got_ring / MiB:8.3f} / {want_ring / MiB:.3f} MiB   Ulysses messages "
                 f"{got_uly / MiB:8.3f} / {want_uly / MiB:.3f} MiB, sent {sent / MiB:.3f}   ring / Ulysses sent "
                 f"{got_ring / sent:.2f}")
-    off = max(max(abs(a - b) / b for a, b in ((r[1], r[2]), (r[3], r[4]))) for r in traffic)
+    off = largest_error(p for r in traffic for p in (r[1:3], r[3:5]))
     ctx.check("ring bytes and Ulysses messages as predicted", off <= 1e-9,
               f"largest gap {100 * off:.2g}% over {len(traffic)} sequence lengths")
     ctx.log(f"  bytes sent as cp grows (predicted, seq {traffic[-1][0]}): " + "  ".join(
         f"cp {row.cp}: ring {row.ring / MiB:.2f}, Ulysses "
         + (f"{row.ulysses / MiB:.2f}" if row.ulysses else "-") + " MiB"
         for row in predict.comm_table(config, 1, [traffic[-1][0]], [2, 4, 8], 4)))
-    figures += [figure(f"ring bytes sent per rank per layer, seq {traffic[-1][0]}", round(traffic[-1][1] / MiB, 3),
-                       "MiB", round(traffic[-1][2] / MiB, 3), "forward + backward"),
-                figure(f"Ulysses all-to-all messages per rank per layer, seq {traffic[-1][0]}",
-                       round(traffic[-1][3] / MiB, 3), "MiB", round(traffic[-1][4] / MiB, 3),
-                       "forward + backward; (P - 1)/P of them sent")]
-    lengths = [r[0] for r in traffic]
-    plots.line_plot(ctx.run_dir / "traffic.png", {
-        "ring: sent, measured": (lengths, [r[1] / MiB for r in traffic]),
-        "ring: sent, predicted": (lengths, [r[2] / MiB for r in traffic]),
-        "Ulysses: messages, measured": (lengths, [r[3] / MiB for r in traffic]),
-        "Ulysses: messages, predicted": (lengths, [r[4] / MiB for r in traffic])},
-        f"per attention layer and rank, cp {CP}: ring's sends, Ulysses' all-to-all messages", "sequence length", "MiB",
-        styles={"ring: sent, measured": "C0o", "ring: sent, predicted": "C0-", "Ulysses: messages, measured": "C1s",
-                "Ulysses: messages, predicted": "C1--"})
-
-if ctx.is_main:
+    last = traffic[-1]
+    figures += [mib_figure(f"ring bytes sent per rank per layer, seq {last[0]}", last[1], last[2], "forward + backward"),
+                mib_figure(f"Ulysses all-to-all messages per rank per layer, seq {last[0]}", last[3], last[4],
+                           "forward + backward; (P - 1)/P of them sent")]
+    plots.measured_and_predicted(ctx.run_dir / "traffic.png", [r[0] for r in traffic], {
+        "ring: sent": ([r[1] / MiB for r in traffic], [r[2] / MiB for r in traffic]),
+        "Ulysses: messages": ([r[3] / MiB for r in traffic], [r[4] / MiB for r in traffic])},
+        f"per attention layer and rank, cp {CP}: ring's sends, Ulysses' all-to-all messages", "sequence length", "MiB")
     figures.append(figure("final loss", round(losses[-1], 4), "nats"))
     ctx.log("\nbalance.png: work and time per rank, both splits; traffic.png: bytes per rank against the sequence; "
             "memory.png: activations per rank; mesh.png: the ranks")

@@ -29,6 +29,7 @@ from deepspeed.moe.sharded_moe import top1gating, top2gating
 from plscale.charts import plots
 from plscale.predict import experts as predict
 from plscale.predict.presets import preset
+from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
 from plscale.rank.data import wikitext
 from plscale.strategies.experts import dispatch
@@ -36,9 +37,9 @@ from plscale.strategies.experts.llama import MoELlama, backward, initialize
 from plscale.strategies.experts.router import route
 from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
-from plscale.rank.reference import largest_gap, reference_losses
+from plscale.rank.against_dense import every_replica, follows, reference_losses, step_by_step
+from plscale.rank.against_prediction import gathered, mib_figure
 
-MiB = 2**20
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
 EP, opts, seq, seed = S["parallel"]["ep"], S["experts"], S["model"]["seq"], S["seed"]
@@ -88,13 +89,8 @@ ctx.log(f"\nmodel: Llama-shaped {S['model']['preset']!r} with {E} experts (top-{
 ctx.check("parameters per rank as predicted", held == want, f"{held:,} held, {want:,} predicted (plscale estimate moe)")
 
 blocks = wikitext.pack(tokens.train, seq)
-shards = [wikitext.Shards(blocks, micro, accum, r, dp, seed) for r in range(dp)]
+batch = wikitext.replica_batches(blocks, micro, accum, seed, dev, dp, replica)  # batch(step, replica=mine)
 ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, each rank its own batch")
-
-
-def batch(step: int, of_replica: int = replica) -> list:
-    return [(b[:, :-1].to(dev), b[:, 1:].to(dev)) for b in shards[of_replica].step(step)]
-
 
 # ---- 3. Training: DeepSpeed steps the model; one step's routing and all-to-alls counted ----
 steps, census_step, losses = S["train"]["steps"], 1, []
@@ -124,17 +120,13 @@ for step in range(steps):
 parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:  # every expert on one rank, every replica's micro-batches, the same optimizer
     reference = unsharded.to(dev)
-    want_losses = reference_losses(reference, ds, lambda step: [mb for r in range(dp) for mb in batch(step, r)],
-                                   parity)
-    gap = largest_gap(losses, want_losses)
+    want_losses = reference_losses(reference, ds, every_replica(batch, dp), parity)
     ctx.log("\nloss (cross-entropy + load balancing), expert-parallel vs unsharded: "
-            + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want_losses)))
-    ctx.check("the expert-parallel model follows the unsharded reference", gap <= 1e-5,
-              f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
+            + step_by_step(losses, want_losses))
+    ctx.check(*follows("the expert-parallel model follows the unsharded reference", losses, want_losses))
 
 # ---- 4. Where the tokens went: routes per expert, and what the capacity factor drops --------
-everyone = [None] * ctx.world_size
-dist.all_gather_object(everyone, routing)
+everyone = gathered(routing)
 x, _ = batch(steps)[0]  # one batch after training, the same on every rank of a replica
 sweep = []
 with torch.no_grad():
@@ -146,8 +138,7 @@ with torch.no_grad():
         sweep.append((f, dropped, predict.dropped_if_even(tokens_per_micro, E, K, f, slack) * config.layers))
     for layer in model.layers:
         layer.mlp.set_capacity_factor(factor)
-sweeps = [None] * ctx.world_size
-dist.all_gather_object(sweeps, sweep)
+sweeps = gathered(sweep)
 routes = K * tokens_per_micro * config.layers * ctx.world_size  # routes per micro-batch, all layers and ranks
 if ctx.is_main:
     C = routing[0][2]
@@ -190,8 +181,8 @@ if ctx.is_main:
             f"{want_sent / MiB:.3f} MiB leave the rank ((ep - 1)/ep)")
     ctx.check("all-to-all bytes per step as predicted", (got_calls, got_bytes) == (want_calls, want_bytes),
               f"{got_calls:g} calls, {got_bytes:,.0f} bytes; predicted {want_calls}, {want_bytes:,}")
-    figures += [figure("all-to-all messages per rank per step", round(got_bytes / MiB, 3), "MiB",
-                       round(want_bytes / MiB, 3), f"{want_sent / MiB:.3g} MiB of them leave the rank"),
+    figures += [mib_figure("all-to-all messages per rank per step", got_bytes, want_bytes,
+                           f"{want_sent / MiB:.3g} MiB of them leave the rank"),
                 figure("final loss", round(losses[-1], 4), "nats")]
     ctx.log("\nexperts.png: routes per expert against the capacity, and dropped routes against the factor")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, ep=EP, dp=dp,

@@ -208,3 +208,13 @@ def routing_chart(path: Path, counts: dict, capacity: int, sweep: list, title: s
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def measured_and_predicted(path: Path, xs: list, series: dict, title: str, xlabel: str, ylabel: str) -> None:
+    """Each of `series` (name -> (measured ys, predicted ys)) in its own colour: the measured
+    points as markers, the prediction as a line through them ("name, measured", "name, predicted")."""
+    curves, styles = {}, {}
+    for i, (name, (measured, predicted)) in enumerate(series.items()):
+        curves[f"{name}, measured"], styles[f"{name}, measured"] = (xs, measured), f"C{i}{'os^v'[i % 4]}"
+        curves[f"{name}, predicted"], styles[f"{name}, predicted"] = (xs, predicted), f"C{i}{['-', '--'][i % 2]}"
+    line_plot(path, curves, title, xlabel, ylabel, styles=styles)

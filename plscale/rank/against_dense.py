@@ -8,7 +8,7 @@ with the same optimizer; the losses must agree step by step.
         dense = Llama(config).to(dev)
         dense.load_state_dict(initial)
         want = reference_losses(dense, ds, every_replica(batch, dp), parity)
-        ctx.log("\\nloss, tensor-parallel vs dense: " + side_by_side(losses, want))
+        ctx.log("\\nloss, tensor-parallel vs dense: " + step_by_step(losses, want))
         ctx.check(*follows("the split model follows the dense model's loss", losses, want))
 
 `follows` returns a Check, (name, ok, detail), which ctx.check takes as it is.
@@ -54,7 +54,7 @@ def largest_gap(losses: list[float], want: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, want))
 
 
-def side_by_side(losses: list[float], want: list[float]) -> str:
+def step_by_step(losses: list[float], want: list[float]) -> str:
     """The two curves, step by step: "measured/reference, ..."."""
     return ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want))
 
@@ -62,6 +62,5 @@ def side_by_side(losses: list[float], want: list[float]) -> str:
 def follows(name: str, losses: list[float], want: list[float], tolerance: float = TOLERANCE) -> Check:
     """Passes when every step's loss is within `tolerance` (relative) of the reference's."""
     gap = largest_gap(losses, want)
-    return Check(name, gap <= tolerance,
-                 f"largest relative gap over {min(len(losses), len(want))} steps {gap:.2e} "
-                 f"(tolerance {tolerance:.2g})".replace("e-0", "e-"))
+    return Check(name, gap <= tolerance, f"largest relative gap over {min(len(losses), len(want))} steps {gap:.2e} "
+                                         f"(tolerance {f'{tolerance:.2g}'.replace('e-0', 'e-')})")

@@ -65,7 +65,7 @@ def memory_table(log, rows: dict, predicted: dict, labels: dict = LABELS, width:
         guess = predicted.get(name)
         line = f"  {labels[name]:{width}}" + "".join(f"{v / MiB:10.2f}" for v in values)
         if guess is not None:
-            error = largest_error((v, guess) for v in values) if guess else None
+            error = largest_error((v, guess) for v in values) if guess else 0.0 if set(values) == {0} else None
             line += f"{guess / MiB:11.2f}" + ("" if error is None else f"{100 * error:8.1f}%")
             figures.append(mib_figure(f"{labels[name]} per rank (max)", max(values), guess,
                                       "" if error is None else f"error {100 * error:.1f}%"))

@@ -122,6 +122,20 @@ class Shards:
         return list(self.blocks[rows].split(self.micro))
 
 
+def replica_batches(blocks: torch.Tensor, micro: int, accum: int, seed: int, device, replicas: int, mine: int):
+    """batch(step, replica=mine): that data-parallel replica's micro-batches of a step, as (tokens,
+    targets) on `device`. Every rank of a replica (its tp, cp or ep ranks) reads the same ones;
+    the dense reference reads every replica's (plscale/rank/against_dense.py: every_replica).
+
+        batch = wikitext.replica_batches(blocks, micro, accum, seed, dev, dp, mesh.rank_in("dp"))
+    """
+    shards = [Shards(blocks, micro, accum, r, replicas, seed) for r in range(replicas)]
+
+    def batch(step: int, replica: int = mine) -> list:
+        return [(b[:, :-1].to(device), b[:, 1:].to(device)) for b in shards[replica].step(step)]
+    return batch
+
+
 def eval_shard(blocks: torch.Tensor, rank: int, world: int, limit: int) -> torch.Tensor:
     """This rank's share of the first `limit` validation blocks."""
     return blocks[:limit][rank::world]
