@@ -147,3 +147,11 @@ def test_the_shared_lab_package_imports_no_backend():
            and _under(target, ("torch", "deepspeed", "jax", "plscale.run", "plscale.cli", "plscale.rank",
                                "plscale.strategies", "plscale.jaxlab"))]
     assert not bad, "\n".join(bad)
+
+
+def test_dsconfig_sits_below_the_lab_package():
+    """plscale.lab.resolve builds and checks the DeepSpeed config, so plscale.dsconfig never imports
+    plscale.lab (nor plscale.run): the two packages stay out of each other's import cycle."""
+    bad = [f"{name}:{line} imports {target}" for name in MODULES if _under(name, ("plscale.dsconfig",))
+           for target, _, line in imports(name) if _under(target, ("plscale.lab", "plscale.run"))]
+    assert not bad, "\n".join(bad)
