@@ -23,7 +23,7 @@ def offline(monkeypatch):
 
 def test_dry_run_prints_flows_plan(quick_cli, monkeypatch):
     args = ["mnist-dp", "--gpus", "2", "--cpu", "--launcher", "torchrun", "--master-port", "29555",
-            "--set", "train.lr=0.002"]
+            "--set", "ds.lr=0.002"]
     shown = quick_cli("lab", "run", *args, "--dry-run")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     monkeypatch.setenv("PLSCALE_RUNS_DIR", str(quick_cli.runs))
@@ -31,7 +31,7 @@ def test_dry_run_prints_flows_plan(quick_cli, monkeypatch):
     prepared = flow.prepare(*flow.choose(request.name, request.variant), request.opts)
     heading, command = flow.describe(prepared)
     assert heading == "mnist-pseudo-dp / default: " + prepared.plan.notice
-    assert prepared.plan.launcher == "torchrun" and prepared.resolved.settings["train"]["lr"] == 0.002
+    assert prepared.plan.launcher == "torchrun" and prepared.resolved.settings["ds"]["lr"] == 0.002
     printed = STAMP.sub("T", " ".join(shown.stdout.split()))
     assert STAMP.sub("T", f"{heading} command: {command}") == printed
     assert not quick_cli.runs.exists()  # a plan writes nothing
