@@ -38,15 +38,17 @@ import torch.distributed as dist
 from plscale.charts import plots
 from plscale.predict import memory
 from plscale.predict import recompute as predict
+from plscale.predict.activations import activation_bytes, rebuilt_bytes
 from plscale.predict.presets import preset
+from plscale.predict.units import MiB
 from plscale.rank import allocations, runtime
+from plscale.rank.against_dense import follows, largest_gap
+from plscale.rank.against_prediction import gathered, largest_error, mib_figure, within
 from plscale.strategies.recompute import llama as recompute
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
-from plscale.rank.reference import largest_gap
 
-MiB = 2**20
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size
 opts, seq, steps, seed = S["recompute"], S["model"]["seq"], S["train"]["steps"], S["seed"]
@@ -65,15 +67,11 @@ ctx.log(f"data: {corpus.source}\nmodel: '{S['model']['preset']}', {config.layers
 
 # ---- What each strategy should keep: the memory model, asked about this run ------------------
 base = memory.setup_from_ds_config(ds, N, config, seq)
-
-
-def layers_of(strategy: str) -> int:
-    """The layers a strategy is asked to recompute: the first k, none without recomputation."""
-    return 0 if strategy == "none" else k
+layers_of = {s: 0 if s == "none" else k for s in strategies}  # the layers each recomputes: the first k
 
 
 def setup_of(strategy: str) -> memory.Setup:
-    return replace(base, recompute=strategy, recompute_layers=layers_of(strategy))
+    return replace(base, recompute=strategy, recompute_layers=layers_of[strategy])
 
 
 # ---- Training: every strategy from the same initial weights, on the same batches -------------
@@ -83,7 +81,7 @@ engines = {}
 for strategy in strategies:
     model = Llama(config)
     model.load_state_dict(initial)
-    recompute.apply(model, strategy, layers_of(strategy), ds)
+    recompute.apply(model, strategy, layers_of[strategy], ds)
     engines[strategy], *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
 
 
@@ -138,9 +136,7 @@ runs = {s: {"losses": losses[s], "step_s": seconds[s]["all"], "phases_s": second
         for s in strategies}
 
 # ---- 1. Activations kept at the end of the forward, per rank: measured / predicted -----------
-mine = {s: r["history"].kept() for s, r in runs.items()}
-everyone = [None] * N
-dist.all_gather_object(everyone, mine)
+everyone = gathered({s: r["history"].kept() for s, r in runs.items()})
 figures, tol = [], S["memory"]["tolerance"]
 if ctx.is_main:
     ctx.log(f"\nactivations kept for backward at the end of the forward, MiB per rank (allocator history of step "
@@ -149,14 +145,13 @@ if ctx.is_main:
     ctx.log(f"  {'strategy':11}" + "".join(f"{'rank ' + str(r):>10}" for r in range(N))
             + f"{'predicted':>11}{'error':>8}")
     for strategy in strategies:
-        kept, want = [m[strategy] for m in everyone], memory.activation_bytes(setup_of(strategy))
-        error = max(abs(v - want) for v in kept) / want
+        kept, want = [m[strategy] for m in everyone], activation_bytes(setup_of(strategy))
+        error = largest_error((v, want) for v in kept)
         ctx.log(f"  {strategy:11}" + "".join(f"{v / MiB:10.2f}" for v in kept)
                 + f"{want / MiB:11.2f}{100 * error:7.2f}%")
-        ctx.check(f"{strategy}: activations kept as predicted", error <= tol,
-                  f"worst rank off by {100 * error:.2f}% (tolerance {100 * tol:g}%)")
-        figures.append(figure(f"{strategy}: activations kept per rank (max)", round(max(kept) / MiB, 3), "MiB",
-                              round(want / MiB, 3), f"error {100 * error:.2f}%"))
+        ctx.check(*within(f"{strategy}: activations kept as predicted", [(v, want) for v in kept], tol))
+        figures.append(mib_figure(f"{strategy}: activations kept per rank (max)", max(kept), want,
+                                  f"error {100 * error:.2f}%"))
 
 # ---- 2. What the backward rebuilds at once, and the step's peak ------------------------------
 # A rerun's allocations still held when it ends: what its backward is about to use. The peak of
@@ -166,13 +161,13 @@ if ctx.is_main:
             "estimate's 'while one rerun runs in the backward'); the step's peak above its start")
     for strategy in strategies:
         r, setup = runs[strategy], setup_of(strategy)
-        rebuilt, want = max([row["rebuilt"] for row in r["layers"]] + [0]), memory.rebuilt_bytes(setup)
+        rebuilt, want = max([row["rebuilt"] for row in r["layers"]] + [0]), rebuilt_bytes(setup)
         peak = r["history"].peak()
         ctx.log(f"  {strategy:11}{rebuilt / MiB:8.2f} / {want / MiB:<8.2f}   peak {peak / MiB:8.2f}")
-        figures += [figure(f"{strategy}: rebuilt at once in backward", round(rebuilt / MiB, 3), "MiB",
-                           round(want / MiB, 3), "the largest rerun's allocations, held at its end; rank 0"),
-                    figure(f"{strategy}: peak of the step above its start", round(peak / MiB, 3), "MiB", None,
-                           "activations, gradients and the head's transients; rank 0")]
+        figures += [mib_figure(f"{strategy}: rebuilt at once in backward", rebuilt, want,
+                               "the largest rerun's allocations, held at its end; rank 0"),
+                    mib_figure(f"{strategy}: peak of the step above its start", peak, None,
+                               "activations, gradients and the head's transients; rank 0")]
 
 # ---- 3. Step time: recomputation pays in forwards --------------------------------------------
 # Each strategy's medians over the steps timed (neither the first nor the recorded one): with
@@ -184,7 +179,7 @@ if ctx.is_main:
     for strategy in strategies:
         r = runs[strategy]
         ratio = r["step_s"] / runs["none"]["step_s"] if "none" in runs else None
-        want = predict.time_ratio(config, seq, strategy, layers_of(strategy))
+        want = predict.time_ratio(config, seq, strategy, layers_of[strategy])
         ctx.log(f"  {strategy:11}{r['step_s']:8.3f} s" + (f"{ratio:8.3f} x" if ratio else "")
                 + f"   predicted {want:.3f} x   ({r['timed']} step{'s' * (r['timed'] != 1)} timed)")
         figures.append(figure(f"{strategy}: step time / no recomputation's", ratio and round(ratio, 3), "x",
@@ -196,7 +191,7 @@ if ctx.is_main:
     ctx.log("\nthe same steps by phase, ms (medians), and the backward against the forward: measured / predicted "
             "from FLOPs, (2F + R) / F, R the rerun")
     for strategy in strategies:
-        ms, flops = runs[strategy]["phases_s"], predict.step_flops(config, seq, strategy, layers_of(strategy))
+        ms, flops = runs[strategy]["phases_s"], predict.step_flops(config, seq, strategy, layers_of[strategy])
         fwd, bwd, opt = (1e3 * ms[p] for p in ("forward", "backward", "step"))
         want = (flops.backward + flops.recompute) / flops.forward
         ctx.log(f"  {strategy:11}forward {fwd:7.1f}   backward {bwd:7.1f}   optimizer step {opt:6.1f}   "
@@ -218,8 +213,8 @@ if ctx.is_main:
     for strategy in strategies[1:]:
         gap = largest_gap(runs[strategy]["losses"], runs[reference]["losses"])
         ctx.log(f"  {strategy:11}{gap:10.1e}   final loss {runs[strategy]['losses'][-1]:.6f}")
-        ctx.check(f"{strategy}: losses equal {reference}'s", gap <= loss_tol,
-                  f"largest relative gap over {steps} steps {gap:.1e} (tolerance {loss_tol:.1e})")
+        ctx.check(*follows(f"{strategy}: losses equal {reference}'s", runs[strategy]["losses"],
+                           runs[reference]["losses"], loss_tol))
         figures.append(figure(f"{strategy}: largest loss gap to {reference}", gap, "relative", 0.0))
     xs, dashes = list(range(steps)), ["-", "--", "-.", ":"]  # each strategy its colour in both panels
     same = all(runs[s]["losses"] == runs[reference]["losses"] for s in strategies)
@@ -233,7 +228,7 @@ if ctx.is_main:
 if ctx.is_main:
     from plscale.charts import recompute as recompute_charts
 
-    predicted = {s: memory.activation_bytes(setup_of(s)) for s in strategies}
+    predicted = {s: activation_bytes(setup_of(s)) for s in strategies}
     recompute_charts.memory_over_step(ctx.run_dir / "memory_over_step.png",
                                       {s: r["history"] for s, r in runs.items()}, predicted,
                                       f"allocated during step {record_step}, rank 0 ('{S['model']['preset']}', "

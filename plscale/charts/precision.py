@@ -95,3 +95,15 @@ def range_histograms(path: Path, panels: dict, formats: list, title: str, colors
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def gradient_ranges(path: Path, grads: dict, scale: float | None, formats: list) -> None:
+    """Gradients (name -> fp32 tensor) as a histogram over binades, and times the loss scale when
+    there is one, against each format's range (range_histograms)."""
+    from plscale.rank import taps
+
+    curves = {"x 1": taps.log2_histogram(grads.values())} | (
+        {f"x S = 2^{math.log2(scale):g}": taps.log2_histogram(g * scale for g in grads.values())} if scale else {})
+    range_histograms(path, {"gradients at the linears' outputs (fp32), and times the loss scale": curves}, formats,
+                     "fp16 needs the scale; bf16 keeps fp32's range" if scale
+                     else "fp16 without loss scaling; bf16 keeps fp32's range")

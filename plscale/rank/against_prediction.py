@@ -93,3 +93,12 @@ def same_collectives(name: str, measured: dict, predicted: dict) -> Check:
     return Check(name, measured == predicted,
                  f"{sum(c for c, _ in measured.values())} calls, {sum(b for _, b in measured.values()) / MiB:.2f} MiB "
                  f"measured; {sum(c for c, _ in predicted.values())} calls predicted")
+
+
+def in_mib(shown: dict, names: dict | None = None) -> dict:
+    """memory_table's rows ({name: {"measured_bytes", "predicted_bytes"}}) as the bars of one
+    panel of plots.measured_vs_predicted: {label: (measured MiB, predicted MiB or None)};
+    `names`: name -> its label (default: the name)."""
+    return {(names or {}).get(name, name): (v["measured_bytes"] / MiB,
+                                            None if v["predicted_bytes"] is None else v["predicted_bytes"] / MiB)
+            for name, v in shown.items()}
