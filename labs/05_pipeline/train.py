@@ -23,17 +23,18 @@ import torch.distributed as dist
 
 from plscale.charts import timeline
 from plscale.predict import memory, pipeline as plan
+from plscale.predict.activations import activation_bytes
 from plscale.predict.presets import preset
+from plscale.predict.units import MiB
 from plscale.rank import runtime
+from plscale.rank.against_dense import follows, reference_losses, step_by_step
 from plscale.rank.census import activations_in_flight
 from plscale.rank.data import wikitext
 from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.models.llama_pieces import piece_names
-from plscale.rank.reference import largest_gap, reference_losses
 
-MiB = 2**20
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
 P, seq, seed = S["parallel"]["pp"], S["model"]["seq"], S["seed"]
@@ -110,10 +111,8 @@ parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:
     torch.manual_seed(seed)
     want = reference_losses(Llama(config).to(dev), ds, every_replica, parity)
-    gap = largest_gap(losses, want)
-    ctx.log("\nloss, pipelined vs unpipelined: " + ", ".join(f"{a:.6f}/{b:.6f}" for a, b in zip(losses, want)))
-    ctx.check("pipelined loss equals the unpipelined model's", gap <= 1e-5,
-              f"largest relative gap over {parity} steps {gap:.2e} (tolerance 1e-5)")
+    ctx.log("\nloss, pipelined vs unpipelined: " + step_by_step(losses, want))
+    ctx.check(*follows("pipelined loss equals the unpipelined model's", losses, want))
 
 
 # ---- The timeline: one step, measured, beside the plan --------------------------------------
@@ -163,7 +162,7 @@ def stage_bytes(s: int) -> float:
     """One micro-batch's saved activations on (virtual) stage s: its layers, and the head on the last."""
     a, b = engine.parts[s]
     layers = sum(1 for i in range(a, b) if 1 <= i <= config.layers)
-    return memory.activation_bytes(setup, layers=layers, head=b == config.layers + 3)
+    return activation_bytes(setup, layers=layers, head=b == config.layers + 3)
 
 
 def held(order) -> str:

@@ -30,6 +30,7 @@ from plscale.ckpt import store
 from plscale.charts.plots import interval_chart
 from plscale.predict import checkpoint as predict
 from plscale.predict.presets import preset
+from plscale.predict.units import MiB
 from plscale.rank import distributed, runtime
 from plscale.strategies.checkpoint import fault
 from plscale.strategies.checkpoint import sealed, strategies
@@ -38,7 +39,6 @@ from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.lab.rundir import node_scratch
 
-MiB = 2**20
 
 ctx = runtime.start(__file__)
 S, ds, N = ctx.settings, ctx.ds_config, ctx.world_size

@@ -42,9 +42,9 @@ from plscale.predict.tensor_parallel import megatron_paper_count  # noqa: E402
 from plscale.rank.data import wikitext  # noqa: E402
 from plscale.rank.metrics import figure  # noqa: E402
 from plscale.rank.models.llama import Llama  # noqa: E402
-from plscale.rank.reference import largest_gap, reference_losses  # noqa: E402
+from plscale.predict.units import MiB  # noqa: E402
+from plscale.rank.against_dense import largest_gap, reference_losses  # noqa: E402
 
-MiB = 2**20
 S, ds, n = ctx.settings, ctx.ds_config, ctx.world_size
 seq, seed, steps = S["model"]["seq"], S["seed"], S["train"]["steps"]
 batch_size, micro_batches = ds["train_micro_batch_size_per_gpu"] * n, S["pipeline"]["micro_batches"]
