@@ -129,7 +129,7 @@ def _training(mesh, world, rank, impl):
     alone would not catch an expert gradient divided by edp instead of dp)."""
     from plscale.dsconfig.spec import DSSpec, build
     from plscale.strategies.experts.llama import MoELlama, backward, initialize
-    from plscale.rank.reference import reference_losses
+    from plscale.rank.against_dense import reference_losses
 
     ds = build(DSSpec(micro_batch=B, world_size=world, grad_clip=0.0, lr=LR))
     torch.manual_seed(0)
@@ -260,7 +260,7 @@ def test_engine_training_follows_unsharded(results, world, impl, ep):
     """DeepSpeed's engine at ZeRO 0 trains the MoE Llama as the unsharded model trains on every
     rank's micro-batch: the same losses, and the first step's gradients after the reduction (for
     experts: summed over edp, divided by dp; DeepSpeed's rule, kept by hand for MoEMLP)."""
-    from plscale.rank.reference import largest_gap
+    from plscale.rank.against_dense import largest_gap
 
     for r in range(world):
         got = results[(world, r)][f"engine {impl} ep{ep}"]
