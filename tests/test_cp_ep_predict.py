@@ -113,7 +113,7 @@ def test_alltoall_bytes_by_hand():
 @pytest.mark.parametrize("kw, message", [
     (dict(experts=6, ep=4), r"^6 experts do not split over ep 4 ranks: use ep 1, 2, 3, 6"),
     (dict(ep=0), r"^ep 0: expert parallelism needs at least 1 rank; use ep 1, 2, 4, 8\.$"),
-    (dict(capacity_factor=0), r"^capacity factor 0: use a number above 0"),
+    (dict(capacity_factor=0), r"^capacity_factor 0: use a number above 0"),
     (dict(top_k=3), r"^top_k 3: use 1 or 2"),
 ])
 def test_alltoall_bad_input(kw, message):
@@ -154,7 +154,7 @@ def test_cp_leaves_model_states_and_shows_s_over_cp():
         estimate(replace(base, cp=3))
     with pytest.raises(UserError, match="cp must be at least 1"):
         estimate(replace(base, cp=0))
-    with pytest.raises(UserError, match="use a multiple of 8 with --sp"):
+    with pytest.raises(UserError, match="use a multiple of 8 with sp"):
         estimate(replace(base, cp=4, tp=2, sp=True, seq=36))
 
 
@@ -196,8 +196,8 @@ def test_estimate_cp_notes_ulysses_when_the_heads_do_not_split(cli):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--seq", "36", "--cp", "4"], "sequence length 36 does not cut into 2 x cp = 8 chunks (zig-zag): use 32 or 40."),
-    (["--seq", "36", "--cp", "8", "--split", "plain"], "sequence length 36 does not cut into cp = 8 chunks"),
+    (["--seq", "36", "--cp", "4"], "--seq 36 does not cut into 2 x cp = 8 chunks (zig-zag): use 32 or 40."),
+    (["--seq", "36", "--cp", "8", "--split", "plain"], "--seq 36 does not cut into cp = 8 chunks"),
     (["--cp", "0"], "--cp 0: context parallelism needs at least 1 rank"),
     (["--split", "diagonal"], "split 'diagonal': use plain or zigzag."),
     (["--precision", "fp8"], "--precision 'fp8': use bf16, fp16 or fp32."),
@@ -228,8 +228,8 @@ def test_estimate_moe_prints_and_round_trips(cli):
 
 @pytest.mark.parametrize("args, message", [
     (["--experts", "8", "--ep", "3"], "8 experts do not split over ep 3 ranks: use ep 1, 2, 4, 8"),
-    (["--capacity-factor", "0"], "capacity factor 0.0: use a number above 0"),
-    (["--top-k", "3"], "top_k 3: use 1 or 2"),
+    (["--capacity-factor", "0"], "--capacity-factor 0.0: use a number above 0"),
+    (["--top-k", "3"], "--top-k 3: use 1 or 2"),
     (["--seq", "0"], "--seq 0: a sequence has at least one token"),
     (["--every", "9"], "--every 9: small has 4 layers"),
 ])

@@ -89,12 +89,13 @@ def test_every_dimension_partitions_the_world_and_coords_agree():
 
 
 @pytest.mark.parametrize("args, message", [
-    ((6, 4), "--gpus 6 is not a multiple of tp 4 x pp 1 x cp 1 = 4: use --gpus 4 or 8."),
-    ((3, 2, 2), "--gpus 3 is not a multiple of tp 2 x pp 2 x cp 1 = 4: use --gpus 4."),
-    ((8, 1, 1, 1, 3), "--ep 3 does not divide dp 8 x cp 1 = 8, the ranks that share the experts: use --ep 1, 2, 4 or 8"),
-    ((0,), "--gpus must be a whole number of at least 1 (got 0)."),
-    ((4, 0), "--tp must be a whole number of at least 1 (got 0)."),
-    ((4, 1, 1, -1), "--cp must be a whole number of at least 1 (got -1)."),
+    # the quantities by their own names: the CLI words them as flags (test_cli_bad_input_is_one_line below)
+    ((6, 4), "gpus 6 is not a multiple of tp 4 x pp 1 x cp 1 = 4: use gpus 4 or 8."),
+    ((3, 2, 2), "gpus 3 is not a multiple of tp 2 x pp 2 x cp 1 = 4: use gpus 4."),
+    ((8, 1, 1, 1, 3), "ep 3 does not divide dp 8 x cp 1 = 8, the ranks that share the experts: use ep 1, 2, 4 or 8"),
+    ((0,), "gpus must be a whole number of at least 1 (got 0)."),
+    ((4, 0), "tp must be a whole number of at least 1 (got 0)."),
+    ((4, 1, 1, -1), "cp must be a whole number of at least 1 (got -1)."),
 ])
 def test_impossible_degrees_name_the_fix(args, message):
     with pytest.raises(UserError) as error:

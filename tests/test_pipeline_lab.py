@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import load_summary
-from plscale.predict import memory
+from plscale.predict import activations, memory
 from plscale.predict.presets import preset
 from plscale.rank.census import activations_in_flight, saved_activations
 from plscale.rank.models.llama import Llama
@@ -158,9 +158,9 @@ def test_activations_in_flight_rise_with_each_forward_and_fall_with_each_backwar
 def test_stage_activations_add_up_to_the_model():
     config = preset("deep")
     setup = memory.Setup(params=1, precision="fp32", model=config, seq=128, micro_batch=2)
-    halves = memory.activation_bytes(setup, layers=4, head=False) + memory.activation_bytes(setup, layers=4, head=True)
-    assert halves == memory.activation_bytes(setup)
-    assert memory.activation_bytes(setup, layers=0, head=True) == memory.head_activation_bytes(setup)
+    halves = activations.activation_bytes(setup, layers=4, head=False) + activations.activation_bytes(setup, layers=4, head=True)
+    assert halves == activations.activation_bytes(setup)
+    assert activations.activation_bytes(setup, layers=0, head=True) == activations.head_activation_bytes(setup)
 
 
 def test_engines_refuse_micro_batches_whose_shape_changes():

@@ -12,6 +12,7 @@ from plscale.errors import UserError
 from plscale.predict.activations import activation_bytes, rebuilt_bytes
 from plscale.predict.cluster import GPUS, GiB, find_gpu
 from plscale.predict.context_parallel import ring_bytes
+from plscale.predict.errors import PredictionError
 from plscale.predict.memory import Setup, estimate
 from plscale.predict.plan import (
     Candidate,
@@ -145,8 +146,9 @@ def test_cli_plans_7b_on_64_h100():
 def test_bad_input_is_a_user_error():
     with pytest.raises(UserError, match="efficiency"):
         plan(Job(SEVEN_B, 8, 4096, 8, efficiency=1.5), H100)
-    with pytest.raises(UserError, match="--memory"):
+    with pytest.raises(PredictionError, match="^memory -1: must be more than 0") as error:
         find_gpu("H100", memory_gib=-1)
+    assert error.value.quantity == "memory"
 
 
 @pytest.mark.parametrize("args, says", [

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from plscale.errors import UserError
-from plscale.predict import memory
+from plscale.predict import activations, memory
 from plscale.predict.presets import PRESETS
 from plscale.rank import allocations
 from plscale.strategies.recompute import llama as recompute
@@ -79,7 +79,7 @@ def built(config, strategy: str, layers: int = 0):
 
 
 def predicted(config, strategy: str, layers: int = 0) -> float:
-    return memory.activation_bytes(memory.Setup(params=1, precision="fp32", model=config, seq=SEQ, micro_batch=BATCH,
+    return activations.activation_bytes(memory.Setup(params=1, precision="fp32", model=config, seq=SEQ, micro_batch=BATCH,
                                                 recompute=strategy, recompute_layers=layers))
 
 

@@ -11,6 +11,7 @@ import typer
 
 from plscale.predict import busbw
 from plscale.lab import labs
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.run.launch import Options
@@ -20,6 +21,7 @@ app = typer.Typer(help="Benchmarks that print what they measure.", no_args_is_he
 
 
 @app.command("collectives")
+@speaks_flags()
 def collectives(
     gpus: int = typer.Option(None, "--gpus", "-g", help="Ranks (GPUs, or CPU processes); default: the lab's."),
     sizes: str = typer.Option("auto", help="Message sizes in bytes: 32K-64M (doubling), 32K,1M,64M, or auto."),

@@ -8,9 +8,10 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from plscale.charts.plots import mesh_grid  # matplotlib is imported inside, when drawing
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console, png_path
 from plscale.predict.grid import DIMS, ORDER, Layout
-from plscale.charts.plots import mesh_grid  # matplotlib is imported inside, when drawing
 
 SHOWN_GROUPS = 16   # groups listed per dimension before "... and N more"
 COORD_TABLE_MAX = 64  # ranks up to which every rank's coordinates are listed
@@ -64,6 +65,7 @@ def _coords_table(layout: Layout) -> Table:
     return table
 
 
+@speaks_flags()
 def mesh(
     gpus: int = typer.Option(8, help="Ranks in all: tp x cp x dp x pp."),
     tp: int = typer.Option(1, help="Tensor-parallel degree (neighbouring ranks)."),

@@ -7,13 +7,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli.flags import in_flags, speaks_flags
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import plan as planner
 from plscale.predict.cluster import GPUS, find_gpu
-from plscale.predict.memory import gib
 from plscale.predict.presets import PRESETS, ModelConfig, param_count
 from plscale.predict.published import SHAPES, model_shape
+from plscale.predict.units import gib
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 ASSUMPTIONS = [
@@ -62,6 +63,7 @@ def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
     return (name, replace(config, **given)) if given else (name, config)
 
 
+@speaks_flags()
 def plan(
     model: str = typer.Option(None, "--model", "-m", help=f"A preset or published shape: {', '.join([*PRESETS, *SHAPES])}."),
     gpus: int = typer.Option(8, help="GPUs in all."),
@@ -126,7 +128,7 @@ def plan(
     usable = result.usable
     if not result.ranked:
         if result.least_memory is None:
-            raise UserError(f"No layout of {gpus} GPUs fits this job: {planner.no_layout_reason(job, cluster)}.")
+            raise UserError(f"No layout of {gpus} GPUs fits this job: {in_flags(planner.no_layout_reason(job, cluster), plan)}.")
         c = result.least_memory
         raise UserError(f"No configuration fits: the smallest needs at least {gib(c.memory):.1f} GiB per GPU (dp {c.dp} "
                         f"tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, micro-batch "

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import typer
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console, png_path
 from plscale.errors import UserError, did_you_mean
 from plscale.predict import pipeline as pp
@@ -50,6 +51,7 @@ def title(schedule: str, p: int, m: int, v: int, bubble: float) -> str:
 
 
 @app.command("pipeline")
+@speaks_flags()
 def pipeline(
     schedule: str = typer.Option("1f1b", help=f"One of {', '.join(pp.SCHEDULES)}."),
     stages: int = typer.Option(4, "--stages", "-p", help="Pipeline stages p (one rank each)."),

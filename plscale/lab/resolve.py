@@ -27,6 +27,7 @@ from plscale.dsconfig.spec import DSSpec, build
 from plscale.errors import UserError, did_you_mean
 from plscale.lab.labs import Lab, Variant
 from plscale.lab.settings import flatten, resolve
+from plscale.predict.errors import PredictionError
 from plscale.predict.grid import Layout
 
 
@@ -86,7 +87,8 @@ def layout_of(settings: dict, world: int) -> Layout:
                             f"Use parallel.tp, .pp, .cp or .ep.")
     try:
         return Layout(world, **degrees)
-    except UserError as exc:
+    except PredictionError as exc:  # the quantities as this layer's settings: parallel.tp, ...
+        exc = exc.named({"gpus": "world size", **{k: f"parallel.{k}" for k in ("tp", "pp", "cp", "ep")}})
         names = ", ".join(f"parallel.{k}={v}" for k, v in degrees.items())
         raise UserError(f"{names} on {world} rank{'s' * (world != 1)}: {exc}") from None
 

@@ -78,85 +78,33 @@ the forward's count too):
 Pipeline parallelism (1F1B) does not cut the first stage's activations: it holds pp
 micro-batches of L/pp layers, the whole model's worth. Context parallelism (cp ranks share
 each sequence) cuts every term to s/cp tokens; the math core's probabilities still span all s
-keys. A caller passes a `plscale.predict.memory.Setup`.
+keys. A caller passes a `plscale.predict.setup.Setup` (which also holds the strategies' names
+and the rules on them).
 """
 
-from typing import TYPE_CHECKING
+# lab 09's check.py asks these of this module; the rules on a Setup's settings live in setup.py
+from plscale.predict.setup import STRATEGIES, check_core, check_layers, check_strategy  # noqa: F401
+from plscale.predict.setup import WHOLE_LAYER, Setup, recomputed_count
+from plscale.predict.units import BYTES
 
-from plscale.errors import UserError, did_you_mean
-from plscale.predict.formats import FORMATS
-
-if TYPE_CHECKING:  # memory.py imports this module
-    from plscale.predict.memory import Setup
-
-STRATEGIES = ("none", "selective", "full", "deepspeed")  # the one list: Setup, the CLI, the ranks, the lab
-WHOLE_LAYER = ("full", "deepspeed")  # a recomputed layer keeps only its input
-CORES = ("fused", "math")
 NORM_BYTES = 4  # RMSNorm's input, 1/rms and normalised input are fp32 whatever the precision
 
 
 def element_bytes(precision: str) -> int:
-    return FORMATS[precision].bits // 8
+    return BYTES[precision]
 
 
-def check_strategy(strategy, name: str = "recompute") -> None:
-    """One line unless the strategy is one of STRATEGIES; `name` is how the caller spells it."""
-    if strategy not in STRATEGIES:
-        raise UserError(f"{name} {strategy!r}: use {', '.join(STRATEGIES)}.{did_you_mean(str(strategy), STRATEGIES)}")
-
-
-def check_layers(recompute_layers, layers: int | None, name: str = "recompute_layers",
-                 model: str = "the model") -> None:
-    """One line unless recompute_layers is 0 (every layer) to `layers` (None: any count)."""
-    if isinstance(recompute_layers, int) and not isinstance(recompute_layers, bool) and recompute_layers >= 0 \
-            and (layers is None or recompute_layers <= layers):
-        return
-    if layers is None:
-        raise UserError(f"{name} {recompute_layers!r}: give 0 (every layer) or the number of layers to recompute.")
-    raise UserError(f"{name} {recompute_layers!r}: {model} has {layers} layers; use 0 (every layer) to {layers}.")
-
-
-def check_recompute(strategy, recompute_layers: int, layers: int | None,
-                    names: tuple[str, str] = ("recompute", "recompute_layers")) -> None:
-    """One line on a strategy that does not exist or a layer count the model lacks.
-    `names` are how the caller spells the two settings (a Setup's fields, or CLI flags)."""
-    what, count = names
-    check_strategy(strategy, what)
-    check_layers(recompute_layers, layers, count)
-    if recompute_layers and strategy == "none":
-        raise UserError(f"{count} {recompute_layers} with {what} none: pick one of {', '.join(STRATEGIES[1:])}, "
-                        f"or drop {count}.")
-
-
-def recomputed_count(strategy: str, recompute_layers: int, layers: int) -> int:
-    """How many of `layers` the strategy recomputes: the first recompute_layers (0: all), none for none."""
-    if strategy == "none":
-        return 0
-    return min(recompute_layers, layers) if recompute_layers else layers
-
-
-def check_core(core, name: str = "attention") -> None:
-    """One line unless the core is one of CORES; `name` is how the caller spells it. The fused core
-    is PyTorch's flash kernel (scaled_dot_product_attention): "flash" is answered with fused."""
-    if core in CORES:
-        return
-    if str(core).lower().replace("-", "_") in ("flash", "flash_attention", "flash_attn", "sdpa"):
-        raise UserError(f"{name} {core!r}: use fused (PyTorch's flash kernel, scaled_dot_product_attention).")
-    raise UserError(f"{name} {core!r}: use fused (PyTorch's flash kernel) or math (the probabilities "
-                    f"kept).{did_you_mean(str(core), CORES)}")
-
-
-def _tokens(s: "Setup") -> int:
+def _tokens(s: Setup) -> int:
     return s.tokens * s.micro_batch
 
 
-def _norm(s: "Setup") -> float:
+def _norm(s: Setup) -> float:
     """One RMSNorm and the linear after it: (2h + 1) fp32 (a t-th under sp) + h elements."""
     c, e = s.model, element_bytes(s.precision)
     return _tokens(s) * ((2 * c.hidden + 1) * NORM_BYTES / (s.tp if s.sp else 1) + c.hidden * e)
 
 
-def layer_parts(s: "Setup") -> dict[str, float]:
+def layer_parts(s: Setup) -> dict[str, float]:
     """Bytes one decoder layer saves for backward without recomputation, by part (module doc)."""
     c, e, t, sb = s.model, element_bytes(s.precision), s.tp, _tokens(s)
     if c.attention == "math":
@@ -167,17 +115,17 @@ def layer_parts(s: "Setup") -> dict[str, float]:
             "mlp": sb * 4 * c.ffn * e / t}
 
 
-def layer_activation_bytes(s: "Setup") -> float:
+def layer_activation_bytes(s: Setup) -> float:
     """Bytes one decoder layer saves for backward without recomputation."""
     return sum(layer_parts(s).values())
 
 
-def layer_input_bytes(s: "Setup") -> float:
+def layer_input_bytes(s: Setup) -> float:
     """A layer's input, s*b*h elements (a t-th of the sequence under sp): all full recomputation keeps."""
     return _tokens(s) * s.model.hidden * element_bytes(s.precision) / (s.tp if s.sp else 1)
 
 
-def layer_kept_bytes(s: "Setup", recomputed: bool = True) -> float:
+def layer_kept_bytes(s: Setup, recomputed: bool = True) -> float:
     """Bytes one layer keeps at the end of the forward: all of them unless `recomputed` under
     s.recompute; selective drops the core, full and deepspeed keep only the input."""
     if not recomputed or s.recompute == "none":
@@ -187,22 +135,22 @@ def layer_kept_bytes(s: "Setup", recomputed: bool = True) -> float:
     return layer_activation_bytes(s) - layer_parts(s)["core"]
 
 
-def layer_dropped_bytes(s: "Setup") -> float:
+def layer_dropped_bytes(s: Setup) -> float:
     """Bytes a recomputed layer does not keep, rebuilt in backward: none 0, selective the core."""
     return layer_activation_bytes(s) - layer_kept_bytes(s, recomputed=True)
 
 
-def head_activation_bytes(s: "Setup") -> float:
+def head_activation_bytes(s: Setup) -> float:
     """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
     return _norm(s) + 4 * _tokens(s) * s.model.vocab / s.tp
 
 
-def recomputed_layers(s: "Setup", layers: int | None = None) -> int:
+def recomputed_layers(s: Setup, layers: int | None = None) -> int:
     """How many of `layers` (default: all) are recomputed: the first recompute_layers of them."""
     return recomputed_count(s.recompute, s.recompute_layers, s.model.layers if layers is None else layers)
 
 
-def activation_bytes(s: "Setup", layers: int | None = None, head: bool = True) -> float:
+def activation_bytes(s: Setup, layers: int | None = None, head: bool = True) -> float:
     """Bytes kept for backward at the end of the forward per micro-batch by `layers` decoder
     layers (default: all) and, if `head`, the head: the whole model, or a pipeline stage's share."""
     layers = s.model.layers if layers is None else layers
@@ -211,7 +159,7 @@ def activation_bytes(s: "Setup", layers: int | None = None, head: bool = True) -
     return kept + (head_activation_bytes(s) if head else 0)
 
 
-def core_rebuilt_bytes(s: "Setup") -> float:
+def core_rebuilt_bytes(s: Setup) -> float:
     """What a selective rerun of one attention core holds when torch's checkpoint stops it: fused,
     the output and the log-sum-exp; math, the probabilities, the scaled q, v copied or repeated,
     k repeated under grouped-query attention, and the causal mask (module doc)."""
@@ -222,7 +170,7 @@ def core_rebuilt_bytes(s: "Setup") -> float:
     return sb * (c.heads * s.seq + 2 * c.hidden + repeated) * e / t + s.tokens * s.seq * e
 
 
-def rebuilt_bytes(s: "Setup") -> float:
+def rebuilt_bytes(s: Setup) -> float:
     """What the backward's largest recomputation holds when its rerun ends (module doc): one core's
     (selective); one layer's saved tensors, less its input at e = 4, plus one h (full: the residual
     torch's stopped rerun still names, at e < 4 only; deepspeed: the layer's output, always); 0
@@ -237,7 +185,7 @@ def rebuilt_bytes(s: "Setup") -> float:
     return layer_activation_bytes(s) + (-1 if aliased else 1) * layer_input_bytes(s)
 
 
-def activation_formula(s: "Setup") -> str:
+def activation_formula(s: Setup) -> str:
     """The activations term's formula as `plscale estimate memory` prints it: kept plus one rerun."""
     c, t = s.model, "" if s.tp == 1 else "/t"
     norms = "sb(4h+2)·4/t + 2sbhp" if s.sp else "sb(4h+2)·4 + 2sbhp"

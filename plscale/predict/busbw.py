@@ -20,7 +20,9 @@ import csv
 import re
 from pathlib import Path
 
-from plscale.errors import UserError, did_you_mean
+from plscale.errors import did_you_mean
+from plscale.predict.errors import PredictionError
+from plscale.predict.units import GiB, KiB, MiB
 
 BUS_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -36,8 +38,8 @@ SHARDED = ("all_gather", "reduce_scatter", "all_to_all")  # the buffer holds one
 DTYPES = {"float32": (4, "float"), "float64": (8, "double"), "float16": (2, "half"),
           "bfloat16": (2, "bfloat16"), "int32": (4, "int32"), "int64": (8, "int64"),
           "int8": (1, "int8"), "uint8": (1, "uint8")}          # name -> (bytes, nccl-tests name)
-UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-DEFAULT_MAX = {"cpu": 64 * 2**20, "cuda": 2**30}               # `auto` sizes stop here, or lower
+UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": 2**40}
+DEFAULT_MAX = {"cpu": 64 * MiB, "cuda": GiB}               # `auto` sizes stop here, or lower
 BUFFERS_PER_RANK = 3  # the largest message, plus output (or a copy) and the ring's inbox: a safe bound
 
 
@@ -45,11 +47,11 @@ def parse_size(text: str) -> int:
     """'32K' -> 32768, '64M', '1G', '4096', '1.5M'; a trailing B or iB is allowed."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", text)
     if not match:
-        raise UserError(f"Size {text!r} does not parse: write bytes with K, M or G (powers of 1024), "
-                        f"e.g. 32K, 64M, 1G.")
+        raise PredictionError("sizes", text, f"Size {text!r} does not parse: write bytes with K, M or G (powers of "
+                                             f"1024), e.g. 32K, 64M, 1G.", lead=False)
     value = float(match.group(1)) * UNITS[match.group(2).upper()]
     if value < 1 or value != int(value):
-        raise UserError(f"Size {text!r} is not a whole number of bytes of 1 or more.")
+        raise PredictionError("sizes", text, f"Size {text!r} is not a whole number of bytes of 1 or more.", lead=False)
     return int(value)
 
 
@@ -64,7 +66,8 @@ def parse_sizes(text: str) -> list[int]:
             continue
         start, stop = parse_size(low), parse_size(high)
         if start > stop:
-            raise UserError(f"Size range {item!r} runs backwards: put the smaller size first, e.g. 32K-64M.")
+            raise PredictionError("sizes", item, f"Size range {item!r} runs backwards: put the smaller size first, "
+                                                 f"e.g. 32K-64M.", lead=False)
         while start <= stop:
             sizes.add(start)
             start *= 2
@@ -74,16 +77,18 @@ def parse_sizes(text: str) -> list[int]:
 def parse_ops(text: str) -> list[str]:
     ops = [op.strip().replace("-", "_") for op in str(text).split(",") if op.strip()]
     if not ops:
-        raise UserError(f"No collectives named: use some of {', '.join(OPS)}.")
+        raise PredictionError("ops", text, f"No collectives named: use some of {', '.join(OPS)}.", lead=False)
     for op in ops:
         if op not in OPS:
-            raise UserError(f"Unknown collective {op!r}.{did_you_mean(op, OPS)} Use some of {', '.join(OPS)}.")
+            raise PredictionError("ops", op, f"Unknown collective {op!r}.{did_you_mean(op, OPS)} Use some of "
+                                             f"{', '.join(OPS)}.", lead=False)
     return list(dict.fromkeys(ops))
 
 
 def check_dtype(name: str) -> str:
     if name not in DTYPES:
-        raise UserError(f"Unknown dtype {name!r}.{did_you_mean(name, DTYPES)} Use one of {', '.join(DTYPES)}.")
+        raise PredictionError("dtype", name, f"Unknown dtype {name!r}.{did_you_mean(name, DTYPES)} Use one of "
+                                             f"{', '.join(DTYPES)}.", lead=False)
     return name
 
 
@@ -115,14 +120,15 @@ def resolve_sizes(text: str, ops: list[str], dtype: str, ranks: int, device: str
     for op in ops:
         if element_count(op, sizes[0], dtype, ranks) == 0:
             least = DTYPES[dtype][0] * (ranks if op in SHARDED else 1)
-            raise UserError(f"Size {sizes[0]} B holds no {dtype} element{' per rank' if op in SHARDED else ''} "
-                            f"for {op}: use {least} B or more.")
+            raise PredictionError("sizes", sizes[0], f"Size {sizes[0]} B holds no {dtype} element"
+                                                     f"{' per rank' if op in SHARDED else ''} for {op}: use {least} B "
+                                                     f"or more.", lead=False)
     check_fits(sizes[-1], ranks, device, available)
     return sizes
 
 
 def check_fits(size: int, ranks: int, device: str, available: int | None) -> None:
-    """UserError when the largest message cannot fit: on CPU all ranks share the host's memory,
+    """A PredictionError when the largest message cannot fit: on CPU all ranks share the host's memory,
     on GPUs each rank has its own."""
     if not available:
         return
@@ -131,8 +137,9 @@ def check_fits(size: int, ranks: int, device: str, available: int | None) -> Non
         fits = 2 ** (int(0.8 * available / (BUFFERS_PER_RANK * (ranks if device == "cpu" else 1))).bit_length() - 1)
         where = f"{ranks} CPU ranks share {human(available)} of memory" if device == "cpu" \
             else f"each GPU has {human(available)}"
-        raise UserError(f"Messages of {human(size)} need about {human(need)} ({BUFFERS_PER_RANK} buffers per rank) "
-                        f"but {where}: use sizes up to {human(fits)} (e.g. --sizes 32K-{human(fits)}).")
+        raise PredictionError("sizes", size, f"Messages of {human(size)} need about {human(need)} ({BUFFERS_PER_RANK} "
+                                             f"buffers per rank) but {where}: use sizes up to {human(fits)} (e.g. "
+                                             f"{{sizes}} 32K-{human(fits)}).", lead=False)
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -219,47 +226,3 @@ def read_csv(path: Path) -> list[dict]:
         return [{k: (float(v) if v not in ("", None) and k not in ("op", "dtype", "backend") else v or None)
                  for k, v in row.items()} for row in csv.DictReader(src)]
 
-
-def plot(path: Path, rows: list[dict], title: str) -> None:
-    """Bus bandwidth against message size, one line per collective (plus the hand-written ring
-    and the naive all-reduce when they ran); below, the ring's time over the library's."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ratios = [r for r in rows if r.get("ratio")]
-    fig, axes = plt.subplots(2 if ratios else 1, 1, figsize=(7.5, 6.5 if ratios else 4.2), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 1.3]} if ratios else None)
-    ax = axes[0][0]
-    for op in dict.fromkeys(r["op"] for r in rows):
-        mine = [r for r in rows if r["op"] == op]
-        ax.plot([r["size"] for r in mine], [r["busbw"] for r in mine], "o-", ms=3, label=op)
-        if op == "all_reduce" and ratios:
-            ax.plot([r["size"] for r in mine], [r["ring_busbw"] for r in mine], "s--", ms=3,
-                    label="all_reduce, hand-written ring")
-        if op == "all_reduce" and any(r.get("naive_busbw") for r in mine):
-            ax.plot([r["size"] for r in mine], [r["naive_busbw"] for r in mine], "^:", ms=3,
-                    label="all_reduce, naive (via rank 0)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    if ratios:
-        ax2 = axes[1][0]
-        ax2.plot([r["size"] for r in ratios], [r["ratio"] for r in ratios], "s-", ms=3, color="C3")
-        ax2.axhline(1.0, color="grey", lw=0.8)
-        ax2.set_xscale("log", base=2)
-        ax2.set_yscale("log")
-        ax2.set_ylabel("ring / library\n(time)")
-        ax2.grid(alpha=0.3)
-    last = axes[-1][0]
-    sizes = sorted({r["size"] for r in rows})
-    last.set_xticks(sizes, [human(s) for s in sizes], rotation=45, fontsize=7)
-    if ratios:
-        ax.set_xticks(sizes, [""] * len(sizes))
-    last.set_xlabel("message size (bytes)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

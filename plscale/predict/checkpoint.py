@@ -50,9 +50,9 @@ file. fp16 is taken to follow bf16 without the prefix (not measured: CPUs lack f
 import math
 from dataclasses import dataclass
 
-from plscale.errors import UserError
-from plscale.predict.memory import BYTES
+from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig, param_count
+from plscale.predict.units import BYTES
 
 # Metadata bytes per file, a + b·n for n parameter tensors, fitted to the tiny (n = 20) and
 # small (n = 38) presets on 2 CPU ranks (the larger file where ranks differ by a few hundred
@@ -89,9 +89,9 @@ def waste_fraction(interval_s: float, stall_s: float, mtbf_s: float, restart_s: 
     """Expected fraction of wall time lost, δ/τ + (τ + δ)/(2M) + R/M (first order: τ + δ << M)."""
     _check_stall_mtbf(stall_s, mtbf_s)
     if interval_s <= 0:
-        raise UserError(f"Checkpoint interval {interval_s:g} s: it must be positive.")
+        raise PredictionError("interval_s", interval_s, f"Checkpoint interval {interval_s:g} s: it must be positive.", lead=False)
     if restart_s < 0:
-        raise UserError(f"Restart time {restart_s:g} s: it cannot be negative.")
+        raise PredictionError("restart_s", restart_s, f"Restart time {restart_s:g} s: it cannot be negative.", lead=False)
     return stall_s / interval_s + (interval_s + stall_s) / (2 * mtbf_s) + restart_s / mtbf_s
 
 
@@ -149,13 +149,15 @@ def checkpoint_bytes(params: int, stage: int = 0, ranks: int = 1, precision: str
     supplies the tensor count for the metadata and the tensor sizes for ZeRO-3's padding;
     without it the metadata is its constant part and the padding is ignored."""
     if precision not in BYTES:
-        raise UserError(f"Precision {precision!r}: use fp32, bf16 or fp16.")
+        raise PredictionError("precision", precision, f"Precision {precision!r}: use fp32, bf16 or fp16.", lead=False)
     if stage not in (0, 1, 2, 3):
-        raise UserError(f"ZeRO stage {stage} does not exist: use 0, 1, 2 or 3.")
+        raise PredictionError("stage", stage, f"ZeRO stage {stage} does not exist: use 0, 1, 2 or 3.", lead=False)
     if ranks < 1 or params < 1:
-        raise UserError(f"A checkpoint needs at least one rank and one parameter (got {ranks}, {params}).")
+        raise PredictionError("ranks" if ranks < 1 else "params", ranks if ranks < 1 else params,
+                              f"A checkpoint needs at least one rank and one parameter (got {ranks}, {params}).",
+                              lead=False)
     if model is not None and param_count(model) != params:
-        raise UserError(f"{params} parameters, but the model shape has {param_count(model)}.")
+        raise PredictionError("params", params, f"{params} parameters, but the model shape has {param_count(model)}.", lead=False)
     p, n = BYTES[precision], ranks
     sizes = tensor_sizes(model) if model is not None else []
     tensors = len(sizes)
@@ -184,13 +186,17 @@ def checkpoint_bytes(params: int, stage: int = 0, ranks: int = 1, precision: str
 
 def _check_stall_mtbf(stall_s: float, mtbf_s: float) -> None:
     if mtbf_s <= 0:
-        raise UserError(f"MTBF {mtbf_s:g} s: the mean time between failures must be positive.")
+        raise PredictionError("mtbf_s", mtbf_s, f"MTBF {mtbf_s:g} s: the mean time between failures must be positive.",
+                              lead=False)
     if stall_s <= 0:
-        raise UserError(f"Checkpoint stall {stall_s:g} s: a save takes some time; give a positive stall.")
+        raise PredictionError("stall_s", stall_s, f"Checkpoint stall {stall_s:g} s: a save takes some time; give a "
+                                                   f"positive stall.", lead=False)
 
 
 def _check_steps(interval_steps: float, lag_steps: float) -> None:
     if interval_steps <= 0:
-        raise UserError(f"Checkpoint interval {interval_steps:g} steps: it must be positive.")
+        raise PredictionError("interval_steps", interval_steps, f"Checkpoint interval {interval_steps:g} steps: it must "
+                                                                 f"be positive.", lead=False)
     if lag_steps < 0:
-        raise UserError(f"Lag {lag_steps:g} steps: a checkpoint cannot be durable before it is taken.")
+        raise PredictionError("lag_steps", lag_steps, f"Lag {lag_steps:g} steps: a checkpoint cannot be durable before "
+                                                       f"it is taken.", lead=False)

@@ -30,10 +30,9 @@ collectives`) is lower, often 70-85 % of it: give --intra-gbs and --inter-gbs to
 
 from dataclasses import asdict, dataclass, replace
 
-from plscale.errors import UserError, did_you_mean
-
-MiB = 2**20
-GiB = 2**30
+from plscale.errors import did_you_mean
+from plscale.predict.errors import PredictionError
+from plscale.predict.units import GiB, MiB
 
 
 @dataclass(frozen=True)
@@ -78,17 +77,18 @@ def find_gpu(name: str | None = "H100", memory_gib: float | None = None, peak_tf
              intra_gbs: float | None = None, inter_gbs: float | None = None,
              gpus_per_node: int | None = None) -> GPU:
     """A named GPU (case-insensitive; H100 when None), each field given replacing the GPU's."""
-    given = {"memory_gib": memory_gib, "peak_tflops": peak_tflops, "intra_gbs": intra_gbs, "inter_gbs": inter_gbs,
-             "gpus_per_node": gpus_per_node}
+    given = {"memory": memory_gib, "peak_tflops": peak_tflops, "intra_gbs": intra_gbs, "inter_gbs": inter_gbs,
+             "gpus_per_node": gpus_per_node}  # the quantities, as an error names them
     name = "H100" if name is None else name
     key = {k.upper(): k for k in [*GPUS, *ALIASES]}.get(name.upper())
     if key is None:
-        raise UserError(f"No GPU {name!r}.{did_you_mean(name.upper(), GPUS)} Known: {', '.join(GPUS)}; "
-                        f"or change one's figures with --memory, --peak-tflops, --intra-gbs, --inter-gbs.")
+        raise PredictionError("gpu", name, f"No GPU {name!r}.{did_you_mean(name.upper(), GPUS)} Known: "
+                                           f"{', '.join(GPUS)}; or change one's figures with {{memory}}, "
+                                           f"{{peak_tflops}}, {{intra_gbs}}, {{inter_gbs}}.", lead=False)
     base = GPUS[ALIASES.get(key, key)]
-    for flag, value in given.items():
+    for quantity, value in given.items():
         if value is not None and value <= 0:
-            raise UserError(f"--{flag.replace('_gib', '').replace('_', '-')} {value}: must be more than 0.")
+            raise PredictionError(quantity, value, ": must be more than 0.")
     changes = {}
     if memory_gib is not None:
         changes["memory"] = memory_gib * GiB
@@ -99,5 +99,5 @@ def find_gpu(name: str | None = "H100", memory_gib: float | None = None, peak_tf
             changes[field] = value
     if changes:
         changes["name"] = base.name + " (changed: " + ", ".join(
-            f"{k.replace('_gib', '').replace('_', '-')} {v:g}" for k, v in given.items() if v is not None) + ")"
+            f"{k.replace('_', '-')} {v:g}" for k, v in given.items() if v is not None) + ")"
     return replace(base, **changes)

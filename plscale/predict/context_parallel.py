@@ -67,7 +67,7 @@ P may not exceed (and must divide, here) the number of key/value heads.
 from dataclasses import dataclass
 from math import gcd
 
-from plscale.errors import UserError
+from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig
 
 SPLITS = ("plain", "zigzag")
@@ -76,13 +76,13 @@ SPLITS = ("plain", "zigzag")
 def check_split(seq: int, cp: int, split: str) -> None:
     """One line when the sequence does not cut into the split's chunks."""
     if split not in SPLITS:
-        raise UserError(f"split {split!r}: use plain or zigzag.")
+        raise PredictionError("split", split, ": use plain or zigzag.")
     parts = 2 * cp if split == "zigzag" else cp
     if seq % parts:
         why = f"2 x cp = {parts} chunks (zig-zag)" if split == "zigzag" else f"cp = {cp} chunks"
         low, high = seq // parts * parts, -(-seq // parts) * parts
-        raise UserError(f"sequence length {seq} does not cut into {why}: use {low or high}"
-                        f"{f' or {high}' if low and low != high else ''}.")
+        raise PredictionError("seq", seq, f" does not cut into {why}: use {low or high}"
+                                          f"{f' or {high}' if low and low != high else ''}.")
 
 
 def chunks(cp: int, rank: int, split: str) -> list[int]:
@@ -122,11 +122,12 @@ def imbalance(work: list) -> float:
 
 def _check_tokens(seq: int, cp: int, micro_batch: int = 1) -> None:
     if cp < 1:
-        raise UserError(f"cp {cp}: context parallelism needs at least 1 rank; use cp 1 (no split) or more.")
-    if seq < 1 or micro_batch < 1:
-        raise UserError(f"seq {seq} and micro batch {micro_batch} must be at least 1.")
+        raise PredictionError("cp", cp, ": context parallelism needs at least 1 rank; use {cp} 1 (no split) or more.")
+    for name, value in (("seq", seq), ("micro_batch", micro_batch)):
+        if value < 1:
+            raise PredictionError(name, value, ": must be at least 1.")
     if seq % cp:
-        raise UserError(f"sequence length {seq} does not split over cp {cp} ranks: use a multiple of {cp}.")
+        raise PredictionError("seq", seq, f" does not split over {{cp}} {cp} ranks: use a multiple of {cp}.")
 
 
 @dataclass(frozen=True)
@@ -169,12 +170,13 @@ def check_ulysses(heads: int, kv_heads: int, degree: int) -> None:
     (DeepSpeed itself also splits heads unevenly, with at least one key/value head a rank;
     this model, like the lab, keeps to even splits.)"""
     if degree < 1:
-        raise UserError(f"Ulysses degree {degree}: use 1 (no split) or more.")
+        raise PredictionError("ulysses_degree", degree, f"Ulysses degree {degree}: use 1 (no split) or more.", lead=False)
     if heads % degree or kv_heads % degree:
         ok = ulysses_degrees(heads, kv_heads)
         choices = ok[0] if len(ok) == 1 else f"{', '.join(map(str, ok[:-1]))} or {ok[-1]}"
-        raise UserError(f"{heads} heads and {kv_heads} key/value heads do not split over Ulysses degree {degree}: "
-                        f"use degree {choices} (they divide both), or ring attention.")
+        raise PredictionError("ulysses_degree", degree, f"{heads} heads and {kv_heads} key/value heads do not split "
+                              f"over Ulysses degree {degree}: use degree {choices} (they divide both), or ring "
+                              f"attention.", lead=False)
 
 
 @dataclass(frozen=True)

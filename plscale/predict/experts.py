@@ -48,30 +48,31 @@ import struct
 from dataclasses import dataclass
 from math import ceil
 
-from plscale.errors import UserError
+from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig, param_count
 
 
 def check_experts(experts: int, ep: int) -> None:
     if experts < 1:
-        raise UserError(f"experts {experts}: use 1 or more experts.")
+        raise PredictionError("experts", experts, ": use 1 or more experts.")
     ok = [str(d) for d in range(1, experts + 1) if experts % d == 0]
     if ep < 1:
-        raise UserError(f"ep {ep}: expert parallelism needs at least 1 rank; use ep {', '.join(ok)}.")
+        raise PredictionError("ep", ep, f": expert parallelism needs at least 1 rank; use {{ep}} {', '.join(ok)}.")
     if experts % ep:
-        raise UserError(f"{experts} experts do not split over ep {ep} ranks: use ep {', '.join(ok)}, "
-                        f"or a number of experts divisible by {ep}.")
+        raise PredictionError("ep", ep, f"{experts} experts do not split over ep {ep} ranks: use ep {', '.join(ok)}, "
+                                        f"or a number of experts divisible by {ep}.", lead=False)
 
 
 def check_capacity(capacity_factor: float) -> None:
     if not isinstance(capacity_factor, (int, float)) or capacity_factor <= 0:
-        raise UserError(f"capacity factor {capacity_factor!r}: use a number above 0 (1.0 gives each expert "
-                        f"its even share of the tokens; 1.25 is common).")
+        raise PredictionError("capacity_factor", capacity_factor, ": use a number above 0 (1.0 gives each expert "
+                                                                  "its even share of the tokens; 1.25 is common).")
 
 
 def check_top_k(top_k: int, experts: int) -> None:
     if top_k not in (1, 2) or top_k > experts:
-        raise UserError(f"top_k {top_k!r}: use 1 or 2 (DeepSpeed's gates), and no more than the {experts} experts.")
+        raise PredictionError("top_k", top_k, f": use 1 or 2 (DeepSpeed's gates), and no more than the {experts} "
+                                             f"experts.", show=repr(top_k))
 
 
 def _f32(value: float) -> float:
@@ -133,7 +134,7 @@ def alltoall_bytes(tokens: int, experts: int, top_k: int, capacity_factor: float
     check_capacity(capacity_factor)
     check_top_k(top_k, experts)
     if tokens < 1:
-        raise UserError(f"tokens {tokens}: a micro-batch has at least one token.")
+        raise PredictionError("tokens", tokens, ": a micro-batch has at least one token.")
     c = capacity(tokens, experts, top_k, capacity_factor, min_capacity)
     return MoEAllToAll(ep, c, experts * c * hidden * element_bytes)
 
@@ -167,9 +168,9 @@ def expert_params(config: ModelConfig, experts: int, every: int = 1) -> ExpertPa
     True
     """
     if experts < 1:
-        raise UserError(f"experts {experts}: use 1 or more experts.")
+        raise PredictionError("experts", experts, ": use 1 or more experts.")
     if every < 1:
-        raise UserError(f"every {every}: an MoE layer every 1 (all layers) or more layers.")
+        raise PredictionError("every", every, ": an MoE layer every 1 (all layers) or more layers.")
     mlp = 3 * config.hidden * config.ffn
     moe_layers = config.layers // every
     return ExpertParams(param_count(config) - moe_layers * mlp, moe_layers * config.hidden * experts,
@@ -185,7 +186,7 @@ def active_params(config: ModelConfig, experts: int, top_k: int, every: int = 1)
     True
     """
     if not 1 <= top_k <= experts:
-        raise UserError(f"top_k {top_k}: a token goes to 1 to {experts} experts.")
+        raise PredictionError("top_k", top_k, f": a token goes to 1 to {experts} experts.")
     p = expert_params(config, experts, every)
     return p.dense + p.gates + p.experts // experts * top_k
 

@@ -25,7 +25,8 @@ mixed-precision lab prints each prediction beside what casting real tensors give
 import math
 from dataclasses import dataclass
 
-from plscale.errors import UserError, did_you_mean
+from plscale.errors import did_you_mean
+from plscale.predict.errors import PredictionError
 
 
 @dataclass(frozen=True)
@@ -89,5 +90,6 @@ FORMATS = {
 
 def number_format(name: str) -> Format:
     if name not in FORMATS:
-        raise UserError(f"No number format {name!r}.{did_you_mean(name, FORMATS)} Formats: {', '.join(FORMATS)}.")
+        raise PredictionError("format", name, f"No number format {name!r}.{did_you_mean(name, FORMATS)} "
+                                              f"Formats: {', '.join(FORMATS)}.", lead=False)
     return FORMATS[name]

@@ -33,7 +33,7 @@ of tokens), edp groups [g0, g4], [g1, g5], ... (the all-reduce of the experts' g
 
 from dataclasses import dataclass
 
-from plscale.errors import UserError
+from plscale.predict.errors import PredictionError
 
 ORDER = "tp-cp-ep-dp-pp"
 DENSE = ("tp", "cp", "dp", "pp")   # the grid of the dense layers, fastest first
@@ -51,7 +51,7 @@ DIMS = {  # every group a lab may ask for, and what it is for
 
 
 def _options(n: int, step: int) -> str:
-    """The multiples of `step` nearest to n, as a fix: 'use --gpus 4 or 8'."""
+    """The multiples of `step` nearest to n, as a fix: '4 or 8'."""
     low, high = n // step * step, -(-n // step) * step
     return " or ".join(str(m) for m in sorted({low, high}) if m >= step) or str(step)
 
@@ -68,7 +68,8 @@ def axes(dim: str) -> tuple[str, tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class Layout:
-    """World size and parallel degrees; dp follows. Raises UserError on impossible degrees."""
+    """World size and parallel degrees; dp follows. Raises a PredictionError on impossible degrees
+    (the world's quantity is "gpus")."""
 
     world: int
     tp: int = 1
@@ -80,18 +81,20 @@ class Layout:
         for name in ("world", "tp", "pp", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                flag = "gpus" if name == "world" else name
-                raise UserError(f"--{flag} must be a whole number of at least 1 (got {value}).")
+                raise PredictionError("gpus" if name == "world" else name, value,
+                                      f" must be a whole number of at least 1 (got {value}).", show="")
         model = self.tp * self.pp * self.cp
         if self.world % model:
-            raise UserError(f"--gpus {self.world} is not a multiple of tp {self.tp} x pp {self.pp} x "
-                            f"cp {self.cp} = {model}: use --gpus {_options(self.world, model)}.")
+            raise PredictionError("gpus", self.world, f" is not a multiple of tp {self.tp} x pp {self.pp} x "
+                                                      f"cp {self.cp} = {model}: use {{gpus}} "
+                                                      f"{_options(self.world, model)}.")
         shared = self.dp * self.cp
         if shared % self.ep:
             divisors = [str(d) for d in range(1, shared + 1) if shared % d == 0]
             choices = ", ".join(divisors[:-1]) + " or " * (len(divisors) > 1) + divisors[-1]
-            raise UserError(f"--ep {self.ep} does not divide dp {self.dp} x cp {self.cp} = {shared}, the ranks "
-                            f"that share the experts: use --ep {choices}, or more --gpus.")
+            raise PredictionError("ep", self.ep, f" does not divide dp {self.dp} x cp {self.cp} = {shared}, the "
+                                                 f"ranks that share the experts: use {{ep}} {choices}, or more ranks "
+                                                 f"({{gpus}}).")
 
     @property
     def dp(self) -> int:

@@ -2,7 +2,7 @@
 
 Host-side and pure: `plscale estimate memory` prints it, and the ZeRO lab prints it beside
 what each rank measures (`setup_from_ds_config` reads the run's DeepSpeed config into a
-Setup, so the lab and the CLI ask the same question).
+Setup, plscale.predict.setup: so the lab and the CLI ask the same question).
 
 Model states (Rajbhandari et al., ZeRO, 2020). Ψ parameters on this model-parallel rank
 (Ψ_total / (tp * pp); given a model shape and tp > 1, tensor_parallel.params_per_rank / pp, as
@@ -64,27 +64,19 @@ the ranks ZeRO shards over, whatever cp is: give dp x cp.
 
 from dataclasses import asdict, dataclass, field
 
-from plscale.dsconfig.valid import require as require_valid_zero
 from plscale.dsconfig.valid import zero_settings
-from plscale.errors import UserError
 from plscale.predict.activations import (
     activation_bytes,
     activation_formula,
-    check_core,
-    check_recompute,
-    head_activation_bytes,
     rebuilt_bytes,
 )
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
-from plscale.predict.tensor_parallel import check_divisible, params_per_rank
+from plscale.predict.setup import Setup
+from plscale.predict.tensor_parallel import params_per_rank
+from plscale.predict.units import BYTES, gib
 
 __all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "rank_params",
-           "setup_from_ds_config",
-           # what the labs ask the activation model, beside a Setup (labs 05, 07, 08, 09): they import it from here
-           "activation_bytes", "head_activation_bytes", "rebuilt_bytes"]
-
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-GiB = 2**30
+           "setup_from_ds_config"]
 
 MODEL_STATES = ("parameters", "gradients", "master", "moments")
 LABELS = {"parameters": "parameters", "gradients": "gradients", "master": "optimizer: fp32 master",
@@ -92,62 +84,6 @@ LABELS = {"parameters": "parameters", "gradients": "gradients", "master": "optim
           # measured only (the rank's tensor census, the CUDA allocator), never predicted:
           "buffers": "buffers (buckets, staging)", "other": "other (data, tables, ...)",
           "allocated": "allocated (CUDA)"}
-
-
-@dataclass
-class Setup:
-    params: int                       # Ψ_total, the whole model
-    stage: int = 0
-    dp: int = 1                       # data-parallel ranks N: what ZeRO shards over
-    precision: str = "bf16"
-    offload_optimizer: bool = False
-    offload_param: bool = False
-    tp: int = 1
-    pp: int = 1
-    sp: bool = False                  # sequence parallel (Megatron, over the TP group; tp >= 2)
-    model: ModelConfig | None = None  # the shape, for activations (None: activations not estimated)
-    seq: int = 1024
-    micro_batch: int = 1
-    grad_accum: int = 1               # micro-batches per optimizer step (rules 2 and 3)
-    recompute: str = "none"           # activation recomputation: none, selective, full or deepspeed
-    recompute_layers: int = 0         # of the first k layers of the model (0: every layer)
-    largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
-    accounting: str = "paper"         # "paper" or "deepspeed"
-    cp: int = 1                       # context-parallel ranks per sequence: activations of seq / cp tokens
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of each sequence one rank holds: seq / cp."""
-        return self.seq // self.cp
-
-    def validate(self) -> None:
-        require_valid_zero(self.stage, self.precision, self.offload_optimizer, self.offload_param)
-        for name in ("dp", "tp", "pp", "cp", "seq", "micro_batch", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name} must be at least 1 (got {getattr(self, name)}).")
-        if self.accounting not in ("paper", "deepspeed"):
-            raise UserError(f"Accounting {self.accounting!r}: use paper or deepspeed.")
-        if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):
-            raise UserError("DeepSpeed's estimators cover ZeRO stages 2 and 3 in bf16/fp16: "
-                            "use --accounting paper for stages 0-1 or fp32.")
-        if self.sp and self.tp == 1:
-            raise UserError("sequence parallelism needs tp >= 2: raise --tp or drop --sp.")
-        if self.seq % self.cp:
-            raise UserError(f"--seq {self.seq} does not split over cp {self.cp} ranks: use a multiple of {self.cp}.")
-        if self.sp and self.tokens % self.tp:
-            if self.cp > 1:
-                raise UserError(f"--seq {self.seq} / cp {self.cp} = {self.tokens} tokens do not split into {self.tp} "
-                                f"sequence shards: use a multiple of {self.cp * self.tp} with --sp.")
-            raise UserError(f"--seq {self.seq} does not split into {self.tp} sequence shards: use a multiple of "
-                            f"{self.tp} with --sp.")
-        check_recompute(self.recompute, self.recompute_layers, self.model.layers if self.model else None)
-        if self.model:
-            check_core(self.model.attention)
-        if self.model and self.tp > 1:
-            check_divisible(self.model, self.tp)
-        if self.model and self.model.layers % self.pp:
-            raise UserError(f"{self.model.layers} layers do not split into {self.pp} pipeline stages: "
-                            f"pick a pipeline degree that divides {self.model.layers}.")
 
 
 def setup_from_ds_config(ds_config: dict, world_size: int, model: ModelConfig, seq: int) -> Setup:
@@ -274,6 +210,3 @@ def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
         params = Term("parameters", 2 * big, 2 * psi / n, "2 x largest layer; 2Ψ/N on host")
     return [params, grads, *states]
 
-
-def gib(nbytes: float) -> float:
-    return nbytes / GiB

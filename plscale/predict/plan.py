@@ -37,10 +37,12 @@ from itertools import product
 
 from plscale.errors import UserError
 from plscale.predict.cluster import GPU
-from plscale.predict.memory import BYTES, Setup, estimate
+from plscale.predict.errors import PredictionError
+from plscale.predict.memory import Setup, estimate
 from plscale.predict.presets import ModelConfig, flops_per_token, param_count
 from plscale.predict.step_time import LABELS, TERMS, in_flight_ratio, step_terms
 from plscale.predict.tensor_parallel import check_divisible
+from plscale.predict.units import BYTES, gib
 
 __all__ = ["HEADROOM", "LABELS", "RECOMPUTE", "RESOLUTION", "TERMS", "Candidate", "Job", "Plan", "plan", "rank",
            "why_faster"]
@@ -72,19 +74,21 @@ class Job:
     def check(self) -> None:
         for name in ("gpus", "seq", "global_batch"):
             if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1.")
+                raise PredictionError(name, getattr(self, name), ": must be at least 1.")
         if self.gpus > MAX_GPUS:
-            raise UserError(f"--gpus {self.gpus:,}: the planner covers clusters of up to {MAX_GPUS:,} GPUs.")
+            raise PredictionError("gpus", self.gpus, f": the planner covers clusters of up to {MAX_GPUS:,} GPUs.",
+                                  show=f"{self.gpus:,}")
         if self.global_batch * self.seq > MAX_TOKENS:
-            raise UserError(f"--global-batch {self.global_batch:,} sequences of {self.seq:,} tokens is "
-                            f"{self.global_batch * self.seq:,} tokens a step, more than {MAX_TOKENS:,}: --global-batch "
-                            f"counts sequences, not tokens (Llama 3 405B: 2,048 sequences of 8,192, 16M tokens).")
+            raise PredictionError("global_batch", self.global_batch,
+                                  f" sequences of {self.seq:,} tokens is {self.global_batch * self.seq:,} tokens a step, "
+                                  f"more than {MAX_TOKENS:,}: {{global_batch}} counts sequences, not tokens (Llama 3 "
+                                  f"405B: 2,048 sequences of 8,192, 16M tokens).", show=f"{self.global_batch:,}")
         if self.precision not in BYTES:
-            raise UserError(f"--precision {self.precision!r}: use bf16, fp16 or fp32.")
+            raise PredictionError("precision", self.precision, ": use bf16, fp16 or fp32.")
         if not 0 < self.efficiency <= 1:
-            raise UserError(f"--efficiency {self.efficiency}: a fraction of the peak, above 0 and at most 1.")
+            raise PredictionError("efficiency", self.efficiency, ": a fraction of the peak, above 0 and at most 1.")
         if not 0 <= self.headroom < 1:
-            raise UserError(f"--headroom {self.headroom}: a fraction of the GPU's memory, 0 to below 1.")
+            raise PredictionError("headroom", self.headroom, ": a fraction of the GPU's memory, 0 to below 1.")
 
 
 @dataclass
@@ -116,7 +120,7 @@ class Candidate:
     def to_dict(self) -> dict:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "zero": self.zero,
                 "recompute": self.recompute, "micro_batch": self.micro_batch, "micro_batches": self.micro_batches,
-                "virtual": self.virtual, "tie": self.tie, "sp": self.sp, "memory_gib": self.memory / 2**30,
+                "virtual": self.virtual, "tie": self.tie, "sp": self.sp, "memory_gib": gib(self.memory),
                 "step_s": self.step_s, "terms_s": dict(self.terms), "tokens_per_s": self.tokens_per_s, "mfu": self.mfu}
 
 
@@ -208,37 +212,39 @@ def zero_stages(dp: int, cp: int, pp: int) -> tuple[int, ...]:
 
 
 def no_layout_reason(job: Job, gpu: GPU) -> str:
-    """Why no dp x tp x pp x cp fits the GPUs: the fixed degree at fault, else the batch."""
+    """Why no dp x tp x pp x cp fits the GPUs: the fixed degree at fault, else the batch. Each
+    quantity is written `{tp}`, `{gpus}`, ...: the caller words them (predict.errors.worded)."""
     fixed = dict(job.fixed)
     given = {k: fixed[k] for k in ("dp", "tp", "pp", "cp") if k in fixed}
     product = 1
     for value in given.values():
         product *= value
-    named = " x ".join(f"--{k} {v}" for k, v in given.items())
+    named = " x ".join(f"{{{k}}} {v}" for k, v in given.items())
     if given and job.gpus % product:
-        return f"{named}{f' = {product} GPUs' if len(given) > 1 else ''} does not divide --gpus {job.gpus}"
+        return f"{named}{f' = {product} GPUs' if len(given) > 1 else ''} does not divide {{gpus}} {job.gpus}"
     if "tp" in given:
         if given["tp"] > gpu.gpus_per_node:
-            return f"--tp {given['tp']}: tensor parallelism stays inside a node of {gpu.gpus_per_node} GPUs"
+            return f"{{tp}} {given['tp']}: tensor parallelism stays inside a node of {gpu.gpus_per_node} GPUs"
         try:
             check_divisible(job.model, given["tp"])
         except UserError as exc:
-            return f"--tp {given['tp']}: {exc}"
+            return f"{{tp}} {given['tp']}: {exc}"
     if "pp" in given and given["pp"] not in pipeline_degrees(job.model.layers):
-        return f"--pp {given['pp']} divides neither the {job.model.layers} layers nor {job.model.layers} + 2"
+        return f"{{pp}} {given['pp']} divides neither the {job.model.layers} layers nor {job.model.layers} + 2"
     if given.get("cp", 1) > 1 and job.seq % (2 * given["cp"]):
-        return f"--cp {given['cp']}: the zig-zag split needs --seq {job.seq} to be a multiple of {2 * given['cp']}"
-    return (f"dp x tp x pp x cp must equal --gpus {job.gpus}, with tp dividing the heads, pp the layers, 2 cp --seq "
-            f"{job.seq} and dp --global-batch {job.global_batch}{' and the fixed degrees' if given else ''}: try a "
-            f"global batch that is a multiple of {job.gpus // product}")
+        return (f"{{cp}} {given['cp']}: the zig-zag split needs {{seq}} {job.seq} to be a multiple of "
+                f"{2 * given['cp']}")
+    return (f"dp x tp x pp x cp must equal {{gpus}} {job.gpus}, with tp dividing the heads, pp the layers, 2 cp "
+            f"{{seq}} {job.seq} and dp {{global_batch}} {job.global_batch}{' and the fixed degrees' if given else ''}: "
+            f"try a global batch that is a multiple of {job.gpus // product}")
 
 
 def plan(job: Job, gpu: GPU) -> Plan:
     """Every configuration that fits, ranked (module doc)."""
     job.check()
     if job.gpus > gpu.gpus_per_node and job.gpus % gpu.gpus_per_node:
-        raise UserError(f"--gpus {job.gpus} is not a whole number of {gpu.gpus_per_node}-GPU nodes: use a multiple of "
-                        f"{gpu.gpus_per_node} (or set --gpus-per-node).")
+        raise PredictionError("gpus", job.gpus, f" is not a whole number of {gpu.gpus_per_node}-GPU nodes: use a "
+                                                f"multiple of {gpu.gpus_per_node} (or set {{gpus_per_node}}).")
     fits, considered, least = [], 0, None
     usable = gpu.memory * (1 - job.headroom)
     tokens = job.global_batch * job.seq

@@ -14,7 +14,8 @@ the embedding's weight when `tie_embeddings` (GPT-2 and Llama-3.2-1B do; Llama-2
 
 from dataclasses import asdict, dataclass, replace
 
-from plscale.errors import UserError, did_you_mean
+from plscale.errors import did_you_mean
+from plscale.predict.errors import PredictionError
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,8 @@ PRESETS = {
 
 def preset(name: str) -> ModelConfig:
     if name not in PRESETS:
-        raise UserError(f"No model preset {name!r}.{did_you_mean(name, PRESETS)} "
-                        f"Presets: {', '.join(PRESETS)}.")
+        raise PredictionError("model", name, f"No model preset {name!r}.{did_you_mean(name, PRESETS)} "
+                                             f"Presets: {', '.join(PRESETS)}.", lead=False)
     return PRESETS[name]
 
 
@@ -107,8 +108,8 @@ def parse_count(text: str) -> int:
     try:
         value = float(raw[:-1] if scale != 1 else raw) * scale
     except ValueError:
-        raise UserError(f"{text!r} is neither a model preset ({', '.join(PRESETS)}) nor a parameter "
-                        f"count such as 7b, 350M or 1.3e9.") from None
+        raise PredictionError("model", text, f"{text!r} is neither a model preset ({', '.join(PRESETS)}) nor a "
+                                             f"parameter count such as 7b, 350M or 1.3e9.", lead=False) from None
     if value < 1:
-        raise UserError(f"A model has at least one parameter, not {text!r}.")
+        raise PredictionError("model", text, f"A model has at least one parameter, not {text!r}.", lead=False)
     return int(value)

@@ -33,7 +33,8 @@ the planner, left free, prefers another layout, `differences` says which and why
 
 from dataclasses import dataclass
 
-from plscale.errors import UserError, did_you_mean
+from plscale.errors import did_you_mean
+from plscale.predict.errors import PredictionError
 from plscale.predict.presets import PRESETS, ModelConfig
 
 # The MFU the decks quote for a large, well-run job (slides 01 and 04): Llama 3 405B's pre-training ran at
@@ -117,6 +118,6 @@ def model_shape(name: str) -> ModelConfig:
     if name.lower() in SHAPES:
         return SHAPES[name.lower()]
     known = [*PRESETS, *SHAPES]
-    raise UserError(f"No model {name!r}.{did_you_mean(name.lower(), known)} Use a preset or a published "
-                    f"shape ({', '.join(known)}), or give the shape with --layers, --hidden, --heads, "
-                    f"--kv-heads, --ffn and --vocab.")
+    raise PredictionError("model", name, f"No model {name!r}.{did_you_mean(name.lower(), known)} Use a preset or a "
+                                         f"published shape ({', '.join(known)}), or give the shape with {{layers}}, "
+                                         f"{{hidden}}, {{heads}}, {{kv_heads}}, {{ffn}} and {{vocab}}.", lead=False)

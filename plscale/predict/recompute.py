@@ -23,8 +23,8 @@ k is the number of recomputed layers (recompute_layers, 0: all L). The step take
 
 from dataclasses import dataclass
 
-from plscale.predict.activations import check_recompute, recomputed_count
 from plscale.predict.presets import ModelConfig, layer_params
+from plscale.predict.setup import check_recompute, recomputed_count
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ memory model's rule 1 at stage 0; DeepSpeed keeps one from stage 1 on, JAX's opt
 
 from dataclasses import dataclass
 
-from plscale.errors import UserError, did_you_mean
+from plscale.errors import did_you_mean
 from plscale.predict import memory
+from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig, layer_params, param_count
 from plscale.predict.tensor_parallel import check_divisible, params_per_rank
 from plscale.predict.tensor_parallel import collectives as tp_collectives
@@ -52,23 +53,25 @@ class Mesh:
         return " x ".join(f"{name} {size}" for name, size in self.axes)
 
 
-# How the knobs are named where the user sets them: lab 10's settings (the CLI passes its flags)
+# How the knobs are named where the user sets them, by default: lab 10's settings. Errors carry the
+# quantity ("tp", "stages", "micro_batches"): another caller words them its own way (PredictionError.named)
 KNOBS = {"tp": "mesh.tp", "stages": "mesh.stages", "micro_batches": "pipeline.micro_batches"}
 
 
 def mesh(layout: str, devices: int, tp: int = 2, stages: int = 2, knobs: dict = KNOBS) -> Mesh:
     """The mesh of `layout` on `devices` devices; one line when it cannot be built."""
     if layout not in LAYOUTS:
-        raise UserError(f"Unknown layout {layout!r}.{did_you_mean(layout, LAYOUTS)} Use {', '.join(LAYOUTS)}.")
-    split = {"fsdp_tp": ("model", tp, knobs["tp"]), "pipeline": ("stage", stages, knobs["stages"])}.get(layout)
+        raise PredictionError("layout", layout, f"Unknown layout {layout!r}.{did_you_mean(layout, LAYOUTS)} "
+                                                f"Use {', '.join(LAYOUTS)}.", lead=False)
+    split = {"fsdp_tp": ("model", tp, "tp"), "pipeline": ("stage", stages, "stages")}.get(layout)
     if split is None:
         return Mesh(layout, (("data", devices),))
     axis, k, name = split
     if k < 2 or devices % k:
         choices = [d for d in range(2, devices + 1) if devices % d == 0]
         fix = f"pick one of {choices}" if choices else "use 2 or more devices"
-        raise UserError(f"{name} {k} on {devices} device{'s' * (devices != 1)}: layout {layout} needs a {axis} axis "
-                        f"of 2 or more that divides the devices; {fix}.")
+        raise PredictionError(name, k, f" on {devices} device{'s' * (devices != 1)}: layout {layout} needs a {axis} "
+                                       f"axis of 2 or more that divides the devices; {fix}.", names=knobs)
     axes = (("data", devices // k), ("model", k)) if axis == "model" else (("stage", k), ("data", devices // k))
     return Mesh(layout, axes)
 
@@ -76,18 +79,20 @@ def mesh(layout: str, devices: int, tp: int = 2, stages: int = 2, knobs: dict = 
 def check(config: ModelConfig, m: Mesh, batch: int, micro_batches: int = 1, knobs: dict = KNOBS) -> None:
     """What the model and batch must divide on this mesh, one line each."""
     if not isinstance(micro_batches, int) or micro_batches < 1:
-        raise UserError(f"{knobs['micro_batches']} {micro_batches!r}: use a whole number, 1 or more.")
+        raise PredictionError("micro_batches", micro_batches, ": use a whole number, 1 or more.",
+                              show=repr(micro_batches), names=knobs)
     if m.size("model") > 1:
         check_divisible(config, m.size("model"))
     if config.layers % m.size("stage"):
-        raise UserError(f"{config.layers} layers do not split into {m.size('stage')} stages: pick {knobs['stages']} "
-                        f"that divides {config.layers}.")
+        raise PredictionError("stages", m.size("stage"), f"{config.layers} layers do not split into {m.size('stage')} "
+                                                        f"stages: pick {{stages}} that divides {config.layers}.",
+                              lead=False, names=knobs)
     if batch % m.size("data"):
-        raise UserError(f"A global batch of {batch} sequences does not split over the data axis of {m.size('data')}: "
-                        f"use a multiple of {m.size('data')}.")
+        raise PredictionError("batch", batch, f"A global batch of {batch} sequences does not split over the data axis "
+                                              f"of {m.size('data')}: use a multiple of {m.size('data')}.", lead=False)
     if m.layout == "pipeline" and (batch // m.size("data")) % micro_batches:
-        raise UserError(f"{knobs['micro_batches']} {micro_batches}: each data shard holds {batch // m.size('data')} "
-                        f"sequences; pick a divisor of it.")
+        raise PredictionError("micro_batches", micro_batches, f": each data shard holds {batch // m.size('data')} "
+                                                              f"sequences; pick a divisor of it.", names=knobs)
 
 
 def model_parallel_params(config: ModelConfig, m: Mesh) -> int:

@@ -36,25 +36,25 @@ layers also re-gather a linear's input in backward instead of saving it: not cou
 from dataclasses import dataclass
 from math import gcd
 
-from plscale.errors import UserError
+from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig, layer_params, param_count
+from plscale.predict.units import BYTES as ELEMENT_BYTES  # activations' element size
 
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}   # activations' element size
 SHAPES = ("hidden", "heads", "kv_heads", "ffn", "vocab")
 
 
 def check_divisible(c: ModelConfig, tp: int, name: str = "the model") -> None:
     """One line naming the first shape tp does not divide, and the degrees that would work."""
     if tp < 1:
-        raise UserError(f"tp {tp}: tensor parallelism needs at least 1 rank; use tp 1 (no split) or more.")
+        raise PredictionError("tp", tp, ": tensor parallelism needs at least 1 rank; use {tp} 1 (no split) or more.")
     for shape in SHAPES:
         value = getattr(c, shape)
         if value % tp:
             common = gcd(*(getattr(c, s) for s in SHAPES))
             ok = [str(d) for d in range(1, common + 1) if common % d == 0]
             choices = ok[0] if len(ok) == 1 else f"{', '.join(ok[:-1])} or {ok[-1]}"
-            raise UserError(f"{shape} {value} of {name} is not divisible by tp {tp}: use tp {choices} "
-                            f"(they divide hidden, heads, kv_heads, ffn and vocab).")
+            raise PredictionError("tp", tp, f"{shape} {value} of {name} is not divisible by tp {tp}: use tp {choices} "
+                                            f"(they divide hidden, heads, kv_heads, ffn and vocab).", lead=False)
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,15 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
     """What one rank issues in its TP group per optimizer step (micro_batches passes)."""
     check_divisible(c, tp)
     if precision not in ELEMENT_BYTES:
-        raise UserError(f"Precision {precision!r}: use fp32, bf16 or fp16.")
-    for flag, value in (("seq", seq), ("micro_batch", micro_batch), ("micro_batches", micro_batches)):
+        raise PredictionError("precision", precision, ": use fp32, bf16 or fp16.")
+    for name, value in (("seq", seq), ("micro_batch", micro_batch), ("micro_batches", micro_batches)):
         if value < 1:
-            raise UserError(f"{flag} must be at least 1 (got {value}).")
+            raise PredictionError(name, value, f" must be at least 1 (got {value}).", show="")
     if sp and tp == 1:
-        raise UserError("sequence parallelism needs tp >= 2: raise tp or drop sp.")
+        raise PredictionError("sp", sp, ": sequence parallelism needs tp >= 2: raise {tp} or drop {sp}.", show="")
     if sp and seq % tp:
-        raise UserError(f"seq {seq} does not split into {tp} sequence shards: use a multiple of {tp} with sp.")
+        raise PredictionError("seq", seq, f" does not split into {tp} sequence shards: use a multiple of {tp} "
+                                          f"with {{sp}}.")
     if tp == 1:
         return []
     L, m = c.layers, micro_batches

@@ -7,13 +7,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
-from plscale.predict.memory import BYTES
 from plscale.predict.presets import PRESETS, param_count, parse_count
+from plscale.predict.units import BYTES
 
 
+@speaks_flags()
 def checkpoint(
     model: str = typer.Option("7b", "--model", "-m",
                               help=f"A preset ({', '.join(PRESETS)}) or a parameter count (1.3e9, 350M, 7b)."),

@@ -8,15 +8,15 @@ from dataclasses import asdict
 import typer
 from rich.table import Table
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import sharding
 from plscale.predict.presets import PRESETS, param_count, preset
-
-MiB = 2**20
-FLAGS = {"tp": "--tp", "stages": "--stages", "micro_batches": "--micro-batches"}
+from plscale.predict.units import MiB
 
 
+@speaks_flags()
 def layouts(
     name: str = typer.Option("small", "--model", "--preset", "-m", help=f"A model preset: {', '.join(PRESETS)}."),
     devices: int = typer.Option(4, help="Devices of the mesh (lab 10: simulated CPU devices of one process)."),
@@ -42,8 +42,8 @@ def layouts(
         raise UserError(f"--devices {devices} --seq {seq}: use 1 or more of each.")
     rows = []
     for layout in sharding.LAYOUTS:
-        mesh = sharding.mesh(layout, devices, tp, stages, FLAGS)
-        sharding.check(config, mesh, batch, micro_batches, FLAGS)
+        mesh = sharding.mesh(layout, devices, tp, stages)
+        sharding.check(config, mesh, batch, micro_batches)
         rows.append({"layout": layout, "mesh": str(mesh), "twin": sharding.TWINS[layout],
                      **sharding.states_per_device(config, mesh), "formulas": sharding.formulas(config, mesh),
                      "collectives": [asdict(c) | {"total": c.total}

@@ -9,26 +9,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import recompute as rc
-from plscale.predict.activations import check_core, check_recompute
-from plscale.predict.memory import (
-    LABELS,
-    Setup,
-    activation_bytes,
-    estimate,
-    gib,
-    rebuilt_bytes,
-)
+from plscale.predict.activations import activation_bytes, rebuilt_bytes
+from plscale.predict.memory import LABELS, estimate
 from plscale.predict.presets import (
     PRESETS,
     largest_layer_params,
     param_count,
     parse_count,
 )
+from plscale.predict.setup import Setup, check_core, check_recompute
+from plscale.predict.units import GiB, MiB, gib
 
 
+@speaks_flags()
 def memory(
     model: str = typer.Option("7b", "--model", "-m",
                               help=f"A preset ({', '.join(PRESETS)}) or a parameter count (1.3e9, 350M, 7b)."),
@@ -101,9 +98,8 @@ def memory(
                         f"{', '.join(PRESETS)} to --model, or drop --vocab.")
     else:
         config, params, largest = None, parse_count(model), 0
-    check_core(attention, "--attention")
-    check_recompute(recompute, recompute_layers, config.layers if config else None,
-                    ("--recompute", "--recompute-layers"))
+    check_core(attention)
+    check_recompute(recompute, recompute_layers, config.layers if config else None)
     config = config and replace(config, attention=attention)
     if gpus < 1 or tp < 1 or pp < 1 or cp < 1:
         raise UserError(f"--gpus, --tp, --pp and --cp must be at least 1 (got {gpus}, {tp}, {pp}, {cp}).")
@@ -141,7 +137,7 @@ def memory(
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
                         f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}"
                         f"{f' x cp {cp}' if cp > 1 else ''}", title_justify="left")
-    unit, scale = ("GiB", 2**30) if result.total("device") + result.total("host") >= 2**30 else ("MiB", 2**20)
+    unit, scale = ("GiB", GiB) if result.total("device") + result.total("host") >= GiB else ("MiB", MiB)
     for column in ("", f"device {unit}", f"host {unit}", "formula"):
         table.add_column(column, justify="right" if unit in column else "left")
     for term in result.terms:

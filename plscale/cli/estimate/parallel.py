@@ -8,17 +8,20 @@ from dataclasses import asdict, replace
 import typer
 from rich.table import Table
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import context_parallel as cpm
 from plscale.predict import experts as moe
-from plscale.predict.memory import Setup, activation_bytes
+from plscale.predict.activations import activation_bytes
 from plscale.predict.presets import PRESETS, param_count, preset
-from plscale.predict.tensor_parallel import ELEMENT_BYTES
+from plscale.predict.setup import Setup
+from plscale.predict.units import BYTES
 
 CAPACITY_FACTORS = (0.5, 1.0, 1.25, 1.5, 2.0)
 
 
+@speaks_flags()
 def context_parallel(
     name: str = typer.Option("small", "--model", "--preset", "-m", help=f"A model preset: {', '.join(PRESETS)}."),
     seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
@@ -41,7 +44,7 @@ def context_parallel(
     See plscale/predict/context_parallel.py.
     """
     config = preset(name)
-    if precision not in ELEMENT_BYTES:
+    if precision not in BYTES:
         raise UserError(f"--precision {precision!r}: use bf16, fp16 or fp32.")
     if cp < 1:
         raise UserError(f"--cp {cp}: context parallelism needs at least 1 rank; use --cp 2 or more.")
@@ -51,7 +54,7 @@ def context_parallel(
         raise UserError(f"--seq {seq}: a sequence has at least one token; try --seq {min(config.max_seq, 2048)}.")
     seq = seq or min(config.max_seq, 2048)
     cpm.check_split(seq, cp, split)
-    e, L = ELEMENT_BYTES[precision], config.layers
+    e, L = BYTES[precision], config.layers
 
     n = 2 * cp if split == "zigzag" else cp
     size = seq // n
@@ -135,6 +138,7 @@ def context_parallel(
                   f"model states unchanged.")
 
 
+@speaks_flags()
 def experts(
     name: str = typer.Option("small", "--model", "--preset", "-m", help=f"A model preset: {', '.join(PRESETS)}."),
     num_experts: int = typer.Option(8, "--experts", "-e", help="Experts E in each MoE layer."),
@@ -158,7 +162,7 @@ def experts(
     See plscale/predict/experts.py.
     """
     config = preset(name)
-    if precision not in ELEMENT_BYTES:
+    if precision not in BYTES:
         raise UserError(f"--precision {precision!r}: use bf16, fp16 or fp32.")
     moe.check_experts(num_experts, ep)
     moe.check_capacity(capacity_factor)
@@ -172,7 +176,7 @@ def experts(
         raise UserError(f"--every {every}: {name} has {config.layers} layers, so no layer would be MoE; "
                         f"use --every {config.layers} or less.")
     seq = seq or min(config.max_seq, 2048)
-    e, tokens = ELEMENT_BYTES[precision], micro_batch * seq
+    e, tokens = BYTES[precision], micro_batch * seq
     a2a = moe.alltoall_bytes(tokens, num_experts, top_k, capacity_factor, config.hidden, ep, e, min_capacity)
     params = moe.expert_params(config, num_experts, every)
     sweep = sorted(set(CAPACITY_FACTORS) | {capacity_factor})

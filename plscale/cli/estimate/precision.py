@@ -7,6 +7,7 @@ import json
 import typer
 from rich.table import Table
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console
 from plscale.predict.formats import FORMATS
 from plscale.predict.memory import LABELS, MODEL_STATES, Setup, estimate
@@ -29,6 +30,7 @@ def bytes_per_parameter(precision: str) -> dict[str, float]:
     return {**{name: terms[name] for name in MODEL_STATES}, "total": sum(terms[name] for name in MODEL_STATES)}
 
 
+@speaks_flags()
 def precision(
     as_json: bool = typer.Option(False, "--json", help="Print the formats and the bytes per parameter as JSON."),
 ) -> None:

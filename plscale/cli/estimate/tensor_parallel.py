@@ -8,12 +8,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import tensor_parallel as tpm
 from plscale.predict.presets import PRESETS, param_count, preset
 
 
+@speaks_flags()
 def tensor_parallel(
     name: str = typer.Option("small", "--preset", "-m", help=f"A model preset: {', '.join(PRESETS)}."),
     tp: int = typer.Option(2, help="Tensor-parallel degree t: ranks in one TP group."),

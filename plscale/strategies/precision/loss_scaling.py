@@ -26,8 +26,8 @@ that overflows, with no GradScaler nothing is checked. (torch_autocast at ZeRO 1
 path: DeepSpeed 0.19's ZeRO optimizer finds the overflow itself and returns before it calls its
 GradScaler's step and update, so that scale never halves; measured, and refused by lab 09.)
 
-Where fp16 puts a batch's gradients (`predicted_underflow` from fp32 x S, `measured_underflow`
-from an fp16 backward): the gradient at each linear's output, dL/dy, per entry. Once one entry
+Where fp16 puts a batch's gradients (`predicted_underflow`: fp32 x S counted against the bands of
+plscale.predict.loss_scaling, the prediction; `measured_underflow`: an fp16 backward): the gradient at each linear's output, dL/dy, per entry. Once one entry
 overflows to inf, the backward carries it on: each later dL/dx = dL/dy W sums it with other
 entries (inf - inf = NaN), so every layer the backward reaches after it is inf and NaN, and
 says nothing more about fp16's range (`split_at_overflow`). The scaler looks at the weights'
@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from plscale.predict.formats import FORMATS
+from plscale.predict.loss_scaling import Landing, Underflow, fractions
 
 FP16 = FORMATS["fp16"]
 
@@ -187,23 +188,16 @@ def describe(rows: list[ScalerStep]) -> list[str]:
     return out
 
 
-@dataclass
-class Underflow:
-    """Gradient entries (non-zero in fp32) against fp16's range, as fractions of them."""
-    entries: int
-    flushed: float      # rounded to 0: below half the smallest subnormal
-    subnormal: float    # kept with fewer bits: below the smallest normal (flushed ones apart)
-    overflowed: float   # beyond the largest: inf
-
-
 def predicted_underflow(grads32: dict, scale: float) -> Underflow:
-    """From fp32 gradients and fp16's range (plscale.predict.formats): where each gradient,
-    times the loss scale, would fall in fp16."""
+    """fp32 gradients counted against what plscale.predict.loss_scaling says fp16 does to each
+    magnitude times the loss scale."""
+    lands = Landing(scale, FP16)
+
     def count(g):
         x = g[g != 0].double().abs() * scale
-        return (x.numel(), (x <= FP16.flush_limit).sum().item(),
-                ((x > FP16.flush_limit) & (x < FP16.min_normal)).sum().item(), (x > FP16.max).sum().item())
-    return _fractions([count(g.float()) for g in grads32.values()])
+        return (x.numel(), lands.flushed(x).sum().item(), lands.subnormal(x).sum().item(),
+                lands.overflowed(x).sum().item())
+    return fractions([count(g.float()) for g in grads32.values()])
 
 
 def measured_underflow(grads32: dict, grads16: dict) -> Underflow:
@@ -213,12 +207,7 @@ def measured_underflow(grads32: dict, grads16: dict) -> Underflow:
         x = g16[g32 != 0].float().abs()
         return (x.numel(), (x == 0).sum().item(), ((x > 0) & (x < FP16.min_normal)).sum().item(),
                 (~x.isfinite()).sum().item())
-    return _fractions([count(grads32[name].float(), grads16[name]) for name in grads32])
-
-
-def _fractions(counts: list[tuple]) -> Underflow:
-    entries = sum(c[0] for c in counts)
-    return Underflow(entries, *(sum(c[i] for c in counts) / max(entries, 1) for i in (1, 2, 3)))
+    return fractions([count(grads32[name].float(), grads16[name]) for name in grads32])
 
 
 def split_at_overflow(grads16: dict) -> tuple[list[str], list[str]]:

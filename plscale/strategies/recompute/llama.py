@@ -30,7 +30,7 @@ from functools import partial
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
-from plscale.predict.activations import check_recompute, recomputed_count
+from plscale.predict.setup import check_recompute, recomputed_count
 
 
 def _labelled(fn, label: str):
