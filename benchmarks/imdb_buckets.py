@@ -13,7 +13,7 @@ import argparse
 
 from imdb_common import data_args, fig, run_lab, table
 
-MiB = 2**20
+from plscale.predict.units import MiB
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--gpus", type=int, default=2)

@@ -16,7 +16,8 @@ allocator's history of one step (plscale.rank.allocations) and what it says per 
 
 from pathlib import Path
 
-MiB = 2**20
+from plscale.predict.units import MiB
+
 PHASES = {"forward": "C0", "backward": "C1", "step": "C2"}
 KEPT, DROPPED, REBUILT, READ = "#4C72B0", "#C44E52", "#DD8452", "#A6BDDB"
 

@@ -19,8 +19,6 @@ import functools
 import inspect
 from dataclasses import dataclass
 
-MiB = 2**20
-
 
 @dataclass(frozen=True)
 class Traffic:

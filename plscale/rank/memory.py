@@ -5,7 +5,7 @@ import resource
 import torch
 import torch.distributed as dist
 
-MiB = 2**20
+from plscale.predict.units import MiB
 
 
 def local_mib(device: torch.device) -> float:

@@ -6,11 +6,11 @@ import math
 
 from plscale.exercises.harness import Checks, expect
 from plscale.predict.memory import Setup, estimate
+from plscale.predict.units import GiB
 
 CHECKS = Checks()
 TERMS = ("parameters", "gradients", "optimizer")
 MODELS = (124_439_808, 1_300_000_000, 6_738_415_616, 70_553_706_496)   # GPT-2 small, 1.3B, Llama 2 7B, 70B
-GiB = 2**30
 
 
 def expected(params: int, stage: int, dp: int, precision: str, tp: int = 1, pp: int = 1) -> dict:

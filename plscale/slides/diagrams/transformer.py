@@ -9,14 +9,27 @@ from dataclasses import replace
 from pathlib import Path
 
 from plscale.predict.activations import layer_parts
-from plscale.predict.memory import Setup
 from plscale.predict.presets import flops_per_token, param_count, preset
 from plscale.predict.published import SHAPES
 from plscale.predict.recompute import step_flops
+from plscale.predict.setup import Setup
 from plscale.predict.tensor_parallel import params_per_rank
-from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, save
+from plscale.predict.units import MiB
+from plscale.slides.diagrams.style import (
+    BLUE,
+    GREEN,
+    GREY,
+    NAVY,
+    RED,
+    SAND,
+    SKY,
+    arrow,
+    box,
+    canvas,
+    figure,
+    save,
+)
 
-MiB = 2**20
 SEVEN_B = preset("7b")
 
 

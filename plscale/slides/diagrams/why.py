@@ -9,13 +9,25 @@ Literature constants carry their source in a comment here and on the slide.
 from pathlib import Path
 
 from plscale.predict.cluster import GPUS
-from plscale.predict.memory import BYTES, LABELS, Setup, estimate, gib
+from plscale.predict.memory import LABELS, Setup, estimate
 from plscale.predict.presets import flops_per_token, param_count, preset
 from plscale.predict.published import LLAMA3_MFU, SHAPES
 from plscale.predict.step_time import compute_seconds
-from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, box, canvas, figure, save
+from plscale.predict.units import BYTES, GiB, gib
+from plscale.slides.diagrams.style import (
+    BLUE,
+    GREEN,
+    GREY,
+    NAVY,
+    RED,
+    SAND,
+    SKY,
+    box,
+    canvas,
+    figure,
+    save,
+)
 
-GiB = 2**30
 # Models, literature: GPT-2 (Radford et al. 2019), GPT-3 (Brown et al. 2020), PaLM (Chowdhery et al. 2022),
 # Llama 3 (Grattafiori et al. 2024). (name, year, parameters)
 MODELS = [("GPT-2 1.5B", 2019, 1.5e9), ("GPT-3 175B", 2020, 175e9), ("PaLM 540B", 2022, 540e9),
