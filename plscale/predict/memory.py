@@ -65,11 +65,7 @@ the ranks ZeRO shards over, whatever cp is: give dp x cp.
 from dataclasses import asdict, dataclass, field
 
 from plscale.dsconfig.valid import zero_settings
-from plscale.predict.activations import (
-    activation_bytes,
-    activation_formula,
-    rebuilt_bytes,
-)
+from plscale.predict.activations import activation_bytes, activation_formula, rebuilt_bytes
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
 from plscale.predict.setup import Setup
 from plscale.predict.tensor_parallel import params_per_rank

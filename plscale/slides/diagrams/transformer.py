@@ -15,20 +15,7 @@ from plscale.predict.recompute import step_flops
 from plscale.predict.setup import Setup
 from plscale.predict.tensor_parallel import params_per_rank
 from plscale.predict.units import MiB
-from plscale.slides.diagrams.style import (
-    BLUE,
-    GREEN,
-    GREY,
-    NAVY,
-    RED,
-    SAND,
-    SKY,
-    arrow,
-    box,
-    canvas,
-    figure,
-    save,
-)
+from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, arrow, box, canvas, figure, save
 
 SEVEN_B = preset("7b")
 

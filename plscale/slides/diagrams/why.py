@@ -14,19 +14,7 @@ from plscale.predict.presets import flops_per_token, param_count, preset
 from plscale.predict.published import LLAMA3_MFU, SHAPES
 from plscale.predict.step_time import compute_seconds
 from plscale.predict.units import BYTES, GiB, gib
-from plscale.slides.diagrams.style import (
-    BLUE,
-    GREEN,
-    GREY,
-    NAVY,
-    RED,
-    SAND,
-    SKY,
-    box,
-    canvas,
-    figure,
-    save,
-)
+from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SKY, box, canvas, figure, save
 
 # Models, literature: GPT-2 (Radford et al. 2019), GPT-3 (Brown et al. 2020), PaLM (Chowdhery et al. 2022),
 # Llama 3 (Grattafiori et al. 2024). (name, year, parameters)
