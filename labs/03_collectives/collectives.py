@@ -14,32 +14,21 @@ import time
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
-from rich.table import Table
 
 from plscale.hardware import memory_available
+from plscale.charts import busbw as busbw_chart
 from plscale.predict import busbw
 from plscale.rank import runtime
-from plscale.rank.collective_timing import all_gather_single, measure, reduce_scatter_single
+from plscale.rank.against_library import equal_to_library, exact_integers, ring_ratio, timed_beside_library
+from plscale.rank.rank_tables import every_rank as gathered, numbers as text, show
+from plscale.rank.collective_timing import all_gather_single, reduce_scatter_single
 from plscale.strategies.collectives.naive import naive_all_reduce
 from plscale.strategies.collectives.ring import ring_all_reduce
 from plscale.rank.metrics import figure
 
 ctx = runtime.start(__file__)
 S, dev, N, rank = ctx.settings, ctx.device, ctx.world_size, ctx.rank
-console = Console(width=140, highlight=False)
 figures, extra = [], {}
-
-
-def gathered(t):
-    """Every rank's tensor as a list of numbers (on rank 0; a collective, so every rank calls it)."""
-    everyone = [None] * N
-    dist.all_gather_object(everyone, None if t is None else t.cpu().tolist())
-    return everyone
-
-
-def text(values):
-    return "—" if values is None else " ".join(f"{v:g}" for v in values)
 
 
 # ---- The tour: every primitive, every rank's tensor before and after --------------------
@@ -132,22 +121,13 @@ def tour_barrier():
     dist.barrier()
     left = time.perf_counter() - start
     times = gathered(torch.tensor([arrived, left], dtype=torch.float64))
-    table = Table("rank", "arrived (ms)", "left (ms)")
-    for r, (a, l) in enumerate(times):
-        table.add_row(str(r), f"{1e3 * a:.0f}", f"{1e3 * l:.0f}")
-    show("barrier", "wait for everyone: before reading a checkpoint another rank wrote, before timing a step",
-         table)
+    show(ctx, "barrier", "wait for everyone: before reading a checkpoint another rank wrote, before timing a step",
+         ["rank", "arrived (ms)", "left (ms)"], [[str(r), f"{1e3 * a:.0f}", f"{1e3 * l:.0f}"] for r, (a, l) in enumerate(times)])
     last = max(a for a, _ in times)
     ctx.check("barrier", min(l for _, l in times) >= last - 0.02,
               f"every rank left after the last arrived ({1e3 * last:.0f} ms)")
     figures.append(figure("rank 0's wait at the barrier", round(1e3 * (times[0][1] - times[0][0])), "ms",
                           100 * (N - 1), "the last rank arrives 100 ms x (N-1) late"))
-
-
-def show(name, use, table):
-    if ctx.is_main:
-        console.print(f"\n[bold]{name}[/]: {use}")
-        console.print(table)
 
 
 def tour():
@@ -163,10 +143,7 @@ def tour():
         used = rank == 0 or name != "scatter"  # scatter reads rank 0's tensor only
         before, (after, want) = gathered(part(rank, parts) if used else None), fn()
         after_all, ok = gathered(after), gathered(torch.tensor([want is None or torch.equal(after, want)]))
-        table = Table("rank", "before", "after")
-        for r in range(N):
-            table.add_row(str(r), text(before[r]), text(after_all[r]))
-        show(name, use, table)
+        show(ctx, name, use, ["rank", "before", "after"], [[str(r), text(before[r]), text(after_all[r])] for r in range(N)])
         ctx.check(name, all(flag[0] for flag in ok), "every rank holds what the definition says")
         passed += all(flag[0] for flag in ok)
     # The identity the ring is built on: all-reduce = reduce-scatter, then all-gather.
@@ -183,37 +160,29 @@ def ring():
     # 1. Watch it: N chunks of one element; rank r contributes 10^r, so the digits of a partial
     #    sum say which ranks it already holds (1111 = all four).
     x = torch.full((N,), 10 ** rank, dtype=torch.int64, device=dev)
-    table = Table("step", *[f"rank {r}" for r in range(N)])
-    table.add_row("start", *map(text, gathered(x)))
-    ring_all_reduce(x, on_step=lambda phase, step: table.add_row(f"{phase} {step + 1}", *map(text, gathered(x))))
-    show("ring all-reduce", f"every rank's {N} chunks after each step; rank r adds 10^r, so the digits of a "
-         f"partial sum say whose parts it holds", table)
+    rows = [["start", *map(text, gathered(x))]]
+    ring_all_reduce(x, on_step=lambda phase, step: rows.append([f"{phase} {step + 1}", *map(text, gathered(x))]))
+    show(ctx, "ring all-reduce", f"every rank's {N} chunks after each step; rank r adds 10^r, so the digits of a "
+         f"partial sum say whose parts it holds", ["step", *[f"rank {r}" for r in range(N)]], rows)
     ctx.check("ring trace", bool((x == int("1" * N)).all()), f"every chunk holds {'1' * N} on every rank")
 
     # 2. Check it: against dist.all_reduce, for sizes not divisible by N and every dtype. Integer
     #    values keep every partial sum exact, so the three must agree bit for bit.
     sizes = [int(n) for n in str(S["ring"]["sizes"]).split(",")]
-    table = Table("dtype", "elements", "ring == library", "naive == library")
-    cases = passed = 0
+    rows, cases, passed = [], 0, 0
     for dtype_name in S["ring"]["dtypes"].split(","):
         dtype = getattr(torch, busbw.check_dtype(dtype_name.strip()))
         ring_ok = naive_ok = True
         for numel in sizes:
-            gen = torch.Generator().manual_seed(S["seed"] * 1000 + rank)
-            limit = min(30, 120 // N)  # partial sums stay exact (bfloat16) and in range (int8)
-            x = torch.randint(0 if dtype == torch.uint8 else -limit, limit + 1, (numel,), generator=gen)
-            x = x.to(dtype).to(dev)
-            library, by_ring, by_naive = x.clone(), x.clone(), x.clone()
-            dist.all_reduce(library)
-            ring_all_reduce(by_ring)
-            naive_all_reduce(by_naive)
-            same = gathered(torch.tensor([torch.equal(by_ring, library), torch.equal(by_naive, library)]))
+            x = exact_integers(numel, dtype, N, S["seed"] * 1000 + rank).to(dev)
+            same = gathered(torch.tensor(equal_to_library(x, ring_all_reduce, naive_all_reduce)))
             ring_ok &= all(s[0] for s in same)
             naive_ok &= all(s[1] for s in same)
             cases += 1
             passed += all(s[0] and s[1] for s in same)
-        table.add_row(dtype_name, ", ".join(map(str, sizes)), "yes" if ring_ok else "NO", "yes" if naive_ok else "NO")
-    show("parity", f"the ring and the naive all-reduce against dist.all_reduce on {N} ranks ({ctx.backend})", table)
+        rows.append([dtype_name, ", ".join(map(str, sizes)), "yes" if ring_ok else "NO", "yes" if naive_ok else "NO"])
+    show(ctx, "parity", f"the ring and the naive all-reduce against dist.all_reduce on {N} ranks ({ctx.backend})",
+         ["dtype", "elements", "ring == library", "naive == library"], rows)
     ctx.check("ring and naive == dist.all_reduce", passed == cases, f"{passed} of {cases} (dtype, size) cases, "
               f"bit for bit")
 
@@ -221,18 +190,18 @@ def ring():
     x = torch.ones(3 * 2**18, device=dev)  # 3 MiB of float32, divisible by 2, 3, 4 and 8 ranks
     size = x.numel() * x.element_size()
     sent = gathered(torch.tensor([ring_all_reduce(x.clone()), naive_all_reduce(x.clone())]))
-    table = Table("rank", "ring sent", "ring / S", "naive sent", "naive / S")
-    for r, (ring_b, naive_b) in enumerate(sent):
-        table.add_row(str(r), f"{ring_b:,} B", f"{ring_b / size:.3f}", f"{naive_b:,} B", f"{naive_b / size:.3f}")
-    show("traffic", f"bytes each rank sends for S = {size:,} B (ring: 2(N-1)/N x S on every rank; naive: "
-         f"(N-1) x S on rank 0)", table)
-    ctx.check("traffic", all(b * N == 2 * (N - 1) * size for b, _ in sent) and sent[0][1] == (N - 1) * size,
-              f"ring {2 * (N - 1) / N:.3f} S per rank, naive {N - 1} S from rank 0")
+    want = list(zip(busbw.ring_bytes_sent(x.numel(), x.element_size(), N), busbw.naive_bytes_sent(size, N)))
+    show(ctx, "traffic", f"bytes each rank sends for S = {size:,} B (ring: 2(N-1)/N x S on every rank; naive: "
+         f"(N-1) x S on rank 0)", ["rank", "ring sent", "ring / S", "naive sent", "naive / S"],
+         [[str(r), f"{a:,} B", f"{a / size:.3f}", f"{b:,} B", f"{b / size:.3f}"] for r, (a, b) in enumerate(sent)])
+    ctx.check("traffic", [tuple(r) for r in sent] == want,  # plscale/predict/busbw.py
+              f"ring {busbw.bus_factor('all_reduce', N):.3f} S per rank, naive {want[0][1] // size} S from rank 0")
     figures.extend([
         figure("parity cases equal to dist.all_reduce", passed, f"of {cases}", cases, "bit for bit"),
-        figure("ring: bytes sent per rank / S", max(b for b, _ in sent) / size, "x", round(2 * (N - 1) / N, 4),
-               "2(N-1)/N, the same on every rank"),
-        figure("naive: bytes sent by rank 0 / S", sent[0][1] / size, "x", N - 1, "N-1: rank 0 is the bottleneck"),
+        figure("ring: bytes sent per rank / S", max(b for b, _ in sent) / size, "x",
+               round(max(b for b, _ in want) / size, 4), "2(N-1)/N, the same on every rank"),
+        figure("naive: bytes sent by rank 0 / S", sent[0][1] / size, "x", want[0][1] // size,
+               "N-1: rank 0 is the bottleneck"),
     ])
 
 
@@ -246,16 +215,9 @@ def bench():
             f"{busbw.human(sizes[-1])}; GB = 1e9 bytes")
     for op in ops:
         block = []
-        for size in sizes:
-            side = [op] + (["ring_all_reduce"] if op == "all_reduce" and B["ring"] else []) + \
-                   (["naive_all_reduce"] if op == "all_reduce" and B["naive"] else [])
-            row, *hand = measure(side, size, dtype, dev, B["warmup"], B["iters"], B["budget_s"])
-            for mine in hand:  # the hand-written all-reduces, timed in turns with the library's
-                name = mine["op"].split("_")[0]
-                row.update({f"{name}_time_us": mine["time_us"], f"{name}_busbw": mine["busbw"]})
-                row["wrong"] += mine["wrong"]
-            if "ring_time_us" in row:
-                row["ratio"] = row["ring_time_us"] / row["time_us"]
+        for size in sizes:  # the hand-written all-reduces timed in turns with the library's
+            row = timed_beside_library(op, size, dtype, dev, [name for name in ("ring", "naive") if B[name]],
+                                       B["warmup"], B["iters"], B["budget_s"])
             row["backend"] = ctx.backend
             block.append(row)
             ctx.metrics.step(**row)
@@ -267,19 +229,18 @@ def bench():
         figures.append(figure(f"{op} peak busbw", round(peak["busbw"], 3), "GB/s", None,
                               f"at {busbw.human(peak['size'])}, {N} ranks, {ctx.backend}"))
     ctx.check("no wrong results", all(r["wrong"] == 0 for r in rows), "every call checked once on fresh buffers")
-    ring_rows = [r for r in rows if r.get("ratio")]
-    if ring_rows:
-        at = next((r for r in ring_rows if r["size"] == 64 * 2**20), ring_rows[-1])
+    at = ring_ratio(rows)
+    if at:
         target = 1.5 if ctx.backend == "gloo" and N == 2 and at["size"] == 64 * 2**20 else None
         figures.append(figure(f"ring / library time at {busbw.human(at['size'])}", round(at["ratio"], 3), "x",
                               f"<= {target}" if target else None, f"{N} ranks, {ctx.backend}"))
         ctx.log(f"\nhand-written ring vs dist.all_reduce ({ctx.backend}), time ratio per size: " +
-                ", ".join(f"{busbw.human(r['size'])} {r['ratio']:.2f}x" for r in ring_rows))
+                ", ".join(f"{busbw.human(r['size'])} {r['ratio']:.2f}x" for r in rows if r.get("ratio")))
         if ctx.backend != "nccl":
             ctx.log("no GPU here: the NCCL comparison needs a GPU machine (run the same command there)")
     if ctx.is_main:
         busbw.write_csv(ctx.run_dir / "busbw.csv", rows)
-        busbw.plot(ctx.run_dir / "busbw.png", rows, f"bus bandwidth, {N} ranks over {ctx.backend} ({dtype})")
+        busbw_chart.plot(ctx.run_dir / "busbw.png", rows, f"bus bandwidth, {N} ranks over {ctx.backend} ({dtype})")
     extra.update(plots=["busbw.png"], csv="busbw.csv", sizes=sizes, ops=ops)
 
 
