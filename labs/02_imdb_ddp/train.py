@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DeepSpeedPlugin, DummyOptim
 from deepspeed.utils import safe_get_full_grad
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from plscale.errors import UserError
@@ -39,6 +38,7 @@ from plscale.rank import comms, runtime
 from plscale.strategies.data_parallel import gather
 from plscale.rank.data import imdb
 from plscale.rank.memory import per_rank_mib
+from plscale.rank.reductions import ddp_reductions, deepspeed_reductions
 from plscale.rank.metrics import figure
 from plscale.rank.models import encoder
 from plscale.strategies.data_parallel.sampler import ShardedSampler
@@ -80,28 +80,9 @@ adam = {k: v for k, v in ds["optimizer"]["params"].items() if k in ("lr", "betas
 clip = ds["gradient_clipping"]
 
 
-class Reductions:
-    """Counts the gradient all-reduces DDP really issues: the comm hook runs once per bucket."""
-    calls, seconds = 0, 0.0
-
-
-def counting_allreduce(state: Reductions, bucket):
-    state.calls += 1
-    start = time.perf_counter()
-    future = allreduce_hook(None, bucket)  # divide by N, all_reduce (async: backward goes on)
-
-    def done(fut):
-        state.seconds += time.perf_counter() - start
-        return fut.value()
-    return future.then(done)
-
-
 if ddp:
     net = DDP(model, bucket_cap_mb=T["bucket_cap_mb"])
-    counter = Reductions()
-    net.register_comm_hook(counter, counting_allreduce)
     optimizer = torch.optim.AdamW(model.parameters(), **adam)
-    reductions = lambda: (counter.calls, counter.seconds)
 elif accel:
     PartialState(backend=ctx.backend)  # adopt the process group runtime.start() opened (else: 1 process)
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds), gradient_accumulation_steps=accum)
@@ -109,13 +90,7 @@ elif accel:
     net, optimizer = accelerator.prepare(model, DummyOptim(model.parameters()))
 else:
     net, optimizer, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-if not ddp:
-    def reductions():
-        """Gradient reductions DeepSpeed's comms logger saw so far (all_reduce, reduce_scatter, ...): calls of
-        1 KiB or more (not the scalars, e.g. the gradient norm for clipping), and seconds of all of them."""
-        calls = sum(n for op, sizes in comms.calls_by_size().items() if "reduce" in op
-                    for size, n in sizes.items() if size >= 1024)
-        return calls, sum(t.seconds for op, t in comms.snapshot().items() if "reduce" in op)
+reductions = ddp_reductions(net) if ddp else deepspeed_reductions  # (calls, seconds) so far: DDP's hook, DS's logger
 how = (f"DDP, bucket_cap_mb={T['bucket_cap_mb']}" if ddp else ("accelerate over " if accel else "") +
        f"DeepSpeed ZeRO-{ds['zero_optimization']['stage']}" + (f", reduce_bucket_size="
        f"{ds['zero_optimization']['reduce_bucket_size']:,}, overlap_comm={ds['zero_optimization']['overlap_comm']}"
@@ -200,8 +175,7 @@ train_clock, target_time = 0.0, None
 for step in range(steps):
     epoch, k = divmod(step, steps_per_epoch)
     sampler.set_epoch(epoch)
-    span = micro * accum
-    rows = sampler.indices()[k * span:(k + 1) * span].to(dev)
+    rows = sampler.indices()[k * micro * accum:(k + 1) * micro * accum].to(dev)
     check = step == 0
     model.train(not check)   # the check step runs without dropout, so the reference can match exactly
     t0 = time.perf_counter()
