@@ -126,6 +126,14 @@ def test_rank_side_never_imports_the_host_side():
     assert not bad, "\n".join(bad)
 
 
+def test_strategies_sit_on_the_rank_runtime_not_under_it():
+    """A strategy may use what runs a rank (distributed init, tallies, data); what runs a rank
+    never reaches into a strategy, so plscale/rank stays free of anything lab-specific."""
+    bad = [f"{name}:{line} imports {target}" for name in MODULES if _under(name, ("plscale.rank",))
+           for target, _, line in imports(name) if _under(target, ("plscale.strategies",))]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_host_side_imports_no_rank_code_and_no_torch_at_module_level():
     bad = []
     for name in MODULES:

@@ -19,9 +19,9 @@ from plscale.hardware import memory_available
 from plscale.charts import busbw as busbw_chart
 from plscale.predict import busbw
 from plscale.rank import runtime
-from plscale.rank.against_library import equal_to_library, exact_integers, ring_ratio, timed_beside_library
+from plscale.strategies.collectives.against_library import equal_to_library, exact_integers, ring_ratio, timed_beside_library
 from plscale.rank.rank_tables import every_rank as gathered, numbers as text, show
-from plscale.rank.collective_timing import all_gather_single, reduce_scatter_single
+from plscale.rank.distributed import all_gather_single, reduce_scatter_single
 from plscale.strategies.collectives.naive import naive_all_reduce
 from plscale.strategies.collectives.ring import ring_all_reduce
 from plscale.rank.metrics import figure

@@ -13,7 +13,7 @@ NAME_time_us and NAME_busbw; "ratio" is ring_time_us / time_us.
 import torch
 import torch.distributed as dist
 
-from plscale.rank.collective_timing import measure
+from plscale.strategies.collectives.timing import measure
 
 
 def exact_integers(numel: int, dtype, ranks: int, seed: int) -> torch.Tensor:
