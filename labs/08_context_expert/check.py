@@ -2,6 +2,7 @@
 line before launch. That the degrees fit the ranks is checked by the frame (settings.parallel)."""
 
 from plscale.errors import UserError
+from plscale.predict.errors import PredictionError
 from plscale.predict import context_parallel as cp_predict
 from plscale.predict.presets import preset
 
@@ -60,8 +61,8 @@ def _check_context(opts: dict, config, seq: int, cp: int) -> None:
             raise UserError(f"{name} {length!r}: give a whole number of tokens.")
         try:
             cp_predict.check_split(length, cp, split)
-        except UserError as exc:
-            raise UserError(f"{name}: {exc}") from None
+        except PredictionError as exc:                  # worded with the setting the user typed
+            raise exc.named({"seq": name}) from None
 
 
 def _check_experts(opts: dict, ep: int, ds: dict) -> None:
