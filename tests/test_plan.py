@@ -305,3 +305,15 @@ def test_ranking_in_tie_groups_and_why():
     slow.zero = 3
     fast.tie, slow.tie = 0, 1
     assert why_faster(fast, slow) == "0.4 s faster: data-parallel comm 0.4 s less (zero 0 vs 3)"
+
+
+def test_a_device_name_finds_its_gpu_and_peak():
+    """torch.cuda.get_device_name's strings (as GPUs report them) find the datasheet's dense bf16 peak:
+    989 TFLOP/s for H100 and H200, 312 for A100, 362 for L40S (not the L4's 121), 165 for an RTX 4090."""
+    from plscale.predict.cluster import gpu_of_device
+
+    seen = {"NVIDIA H100 80GB HBM3": 989, "NVIDIA H200": 989, "NVIDIA A100-SXM4-80GB": 312, "NVIDIA L40S": 362,
+            "NVIDIA L4": 121, "NVIDIA A10": 125, "NVIDIA GeForce RTX 4090": 165}
+    for device, tflops in seen.items():
+        assert gpu_of_device(device).peak("bf16") == tflops * 1e12, device
+    assert gpu_of_device("Tesla V100-SXM2-32GB") is None

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from plscale.predict import memory
-from plscale.predict.cluster import GPUS
+from plscale.predict.cluster import gpu_of_device
 from plscale.predict.memory import MODEL_STATES
 from plscale.predict.presets import flops_per_token, preset
 from plscale.predict.units import MiB
@@ -129,7 +129,7 @@ if ctx.is_main:
                        None, "all collectives, as logged by rank 0"),
                 figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU")]
     if dev.type == "cuda":
-        gpu = next((g for k, g in GPUS.items() if k in torch.cuda.get_device_name(dev)), None)  # plscale estimate's
+        gpu = gpu_of_device(torch.cuda.get_device_name(dev))  # the peak `plscale plan` uses
         if gpu:
             mfu = flops_per_token(config, seq) * tok_s / (N * gpu.peak("bf16"))
             figures.append(figure("MFU", round(100 * mfu, 2), "%", None,

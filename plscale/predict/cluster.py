@@ -14,6 +14,17 @@ Sources (datasheets as published by NVIDIA):
   A100 SXM4 80GB   312 TFLOP/s bf16 dense, 156 TF32; NVLink 3 600 GB/s both ways (300 each);
                    DGX A100: 8 x ConnectX-6 200 Gb/s HDR (25 GB/s a GPU). 81,920 MiB.
   A100 SXM4 40GB   the same, 40,960 MiB.
+  PCIe cards, the GPUs most rented pods have (no NVLink: the GPUs of a node talk over PCIe Gen4
+  x16, 32 GB/s each way at most). Across nodes such pods rarely train; the planner assumes
+  100 Gb/s Ethernet a node shared by its 8 GPUs (1.5 GB/s a GPU), an assumption, not a datasheet:
+  give --inter-gbs for yours.
+  L40S 48GB        362 TFLOP/s bf16 dense (733 with sparsity), 183 TF32; 864 GB/s GDDR6.
+  A10 24GB         125 TFLOP/s bf16 dense (250 with sparsity), 62.5 TF32; 600 GB/s GDDR6.
+  L4 24GB          121 TFLOP/s bf16 dense (242 with sparsity), 60 TF32; 300 GB/s GDDR6.
+  RTX 4090 24GB    165 TFLOP/s bf16 dense with fp32 accumulation (the Ada whitepaper), 82.6 TF32;
+                   1,008 GB/s GDDR6X.
+  Their memory is the datasheet's GB in GiB less about 6 % for ECC and the driver, as nvidia-smi
+  shows it (46,068 MiB on an L40S; 23,028, 23,034 and 24,564 MiB on the A10, L4 and 4090).
 HBM bandwidth (`hbm_gbs`, GB/s, the datasheets' figures): H100 SXM5 3,350 (HBM3), H200 SXM 4,800
 (HBM3e), A100 SXM4 80GB 2,039 (HBM2e), A100 SXM4 40GB 1,555 (HBM2). Only the roofline
 (plscale.predict.roofline) uses it; the planner does not.
@@ -69,8 +80,23 @@ GPUS = {
                 "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=2039),
     "A100-40GB": GPU("A100 SXM4 40GB", 40_960 * MiB, _tf(312, 156), 300, 25, 8,
                      "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=1555),
+    "L40S": GPU("L40S 48GB (PCIe)", 46_068 * MiB, _tf(362, 183), 32, 1.5, 8,
+                "NVIDIA L40S datasheet; PCIe Gen4 x16; network assumed (module doc)", hbm_gbs=864),
+    "A10": GPU("A10 24GB (PCIe)", 23_028 * MiB, _tf(125, 62.5), 32, 1.5, 8,
+               "NVIDIA A10 datasheet; PCIe Gen4 x16; network assumed (module doc)", hbm_gbs=600),
+    "L4": GPU("L4 24GB (PCIe)", 23_034 * MiB, _tf(121, 60), 32, 1.5, 8,
+              "NVIDIA L4 datasheet; PCIe Gen4 x16; network assumed (module doc)", hbm_gbs=300),
+    "RTX 4090": GPU("GeForce RTX 4090 24GB", 24_564 * MiB, _tf(165, 82.6), 32, 1.5, 8,
+                    "NVIDIA Ada Lovelace whitepaper; PCIe Gen4 x16; network assumed (module doc)", hbm_gbs=1008),
 }
-ALIASES = {"H100-80GB": "H100", "A100-80GB": "A100", "H200-141GB": "H200"}
+ALIASES = {"H100-80GB": "H100", "A100-80GB": "A100", "H200-141GB": "H200", "4090": "RTX 4090", "RTX4090": "RTX 4090"}
+
+
+def gpu_of_device(device_name: str) -> GPU | None:
+    """The GPU whose name a device's own name holds (torch.cuda.get_device_name: "NVIDIA L40S",
+    "NVIDIA A100-SXM4-80GB"), the longest match first (an L40S is not an L4); None if unknown."""
+    known = sorted((k for k in [*GPUS, *ALIASES] if k.upper() in device_name.upper()), key=len, reverse=True)
+    return GPUS[ALIASES.get(known[0], known[0])] if known else None
 
 
 def find_gpu(name: str | None = "H100", memory_gib: float | None = None, peak_tflops: float | None = None,
