@@ -1,4 +1,4 @@
-"""plscale's own pipeline engine: the schedules of `parallel/pipeline.py` with an optimizer.
+"""plscale's own pipeline engine: the schedules of `schedules.py` with an optimizer.
 
     engine = PlscalePipeline(reference, mesh, ds_config, schedule="1f1b")   # or "gpipe"
     loss = engine.step(micro_batches)   # m (tokens, targets) pairs of this replica: one optimizer step
