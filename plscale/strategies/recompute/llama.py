@@ -30,6 +30,7 @@ from functools import partial
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
+from plscale.predict.errors import PredictionError
 from plscale.predict.setup import check_recompute, recomputed_count
 
 
@@ -55,7 +56,10 @@ def _deepspeed_checkpoint(fn):
 def apply(model, strategy: str, layers: int = 0, ds_config: dict | None = None):
     """Give each of the model's layers its labels and, for the chosen layers, the strategy's
     recomputation; in place, once per model. "deepspeed" needs the run's DeepSpeed config."""
-    check_recompute(strategy, layers, len(model.layers), ("recompute strategy", "recompute layers"))
+    try:
+        check_recompute(strategy, layers, len(model.layers))
+    except PredictionError as exc:  # worded with this function's arguments
+        raise exc.named({"recompute": "recompute strategy", "recompute_layers": "recompute layers"}) from None
     if getattr(model, "recompute", None):
         raise ValueError(f"recomputation already applied to this model: {model.recompute}")
     if strategy == "deepspeed":
