@@ -38,7 +38,7 @@ from plscale.rank import comms, runtime
 from plscale.strategies.data_parallel import gather
 from plscale.rank.data import imdb
 from plscale.rank.memory import per_rank_mib
-from plscale.rank.reductions import ddp_reductions, deepspeed_reductions
+from plscale.strategies.data_parallel.reductions import ddp_reductions, deepspeed_reductions
 from plscale.rank.metrics import figure
 from plscale.rank.models import encoder
 from plscale.strategies.data_parallel.sampler import ShardedSampler

@@ -28,7 +28,8 @@ from plscale.predict.memory import MODEL_STATES
 from plscale.predict.presets import flops_per_token, preset
 from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
-from plscale.rank.against_prediction import gathered, memory_table, per_rank, within
+from plscale.rank.against_prediction import memory_table, per_rank, within
+from plscale.rank.distributed import gathered
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.memory import per_rank_mib

@@ -37,8 +37,9 @@ from plscale.predict.presets import param_count, preset
 from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
-from plscale.rank.against_prediction import (collectives_table, gathered, memory_table, mib_figure, per_rank,
+from plscale.rank.against_prediction import (collectives_table, memory_table, mib_figure, per_rank,
                                              same_collectives, within)
+from plscale.rank.distributed import gathered
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh

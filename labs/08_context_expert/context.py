@@ -35,7 +35,8 @@ from plscale.predict.presets import preset
 from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
 from plscale.rank.against_dense import every_replica, follows, reference_losses, step_by_step
-from plscale.rank.against_prediction import gathered, largest_error, mib_figure, within
+from plscale.rank.against_prediction import largest_error, mib_figure, within
+from plscale.rank.distributed import gathered
 from plscale.rank.census import saved_activations
 from plscale.strategies.context_parallel import ring_attention as ring, ulysses
 from plscale.strategies.context_parallel.llama import ContextParallelLlama, split_batch

@@ -38,7 +38,8 @@ from plscale.strategies.experts.router import route
 from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.against_dense import every_replica, follows, reference_losses, step_by_step
-from plscale.rank.against_prediction import gathered, mib_figure
+from plscale.rank.against_prediction import mib_figure
+from plscale.rank.distributed import gathered
 
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device

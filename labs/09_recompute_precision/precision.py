@@ -47,14 +47,14 @@ from plscale.predict.formats import FORMATS
 from plscale.predict.memory import LABELS, MODEL_STATES
 from plscale.predict.presets import param_count, preset
 from plscale.predict.units import MiB
-from plscale.rank import runtime
-from plscale.rank.against_prediction import gathered, in_mib, mib_figure, within
-from plscale.strategies.precision import engine as precision_engine, explain, loss_scaling
-from plscale.strategies.precision.explain import FP16, power as p2
+from plscale.rank import distributed, runtime
+from plscale.rank.against_prediction import in_mib, mib_figure, within
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.strategies.precision import engine as precision_engine, explain, loss_scaling
+from plscale.strategies.precision.explain import FP16, power as p2
 
 ctx = runtime.start(__file__)
 S, dev, N, tol = ctx.settings, ctx.device, ctx.world_size, ctx.settings["memory"]["tolerance"]
@@ -118,7 +118,7 @@ for run in runs:
         ctx.metrics.step(run=run, step=step, loss=losses[-1], loss_scale=log.rows[-1].scale_before,
                          step_time_s=times[-1])
         ctx.metrics.progress(run, step + 1, steps, f"loss {losses[-1]:.4f}, scale {log.rows[-1].scale_before:g}")
-    results[run] = {"spec": spec, "losses": losses, "log": log, "measured": gathered(measured), "stepped": stepped,
+    results[run] = {"spec": spec, "losses": losses, "log": log, "measured": distributed.gathered(measured), "stepped": stepped,
                     "scaler": scaler, "step_s": statistics.median(times[1:-1] or times),  # first: allocating; last: census
                     "prediction": memory.estimate(memory.setup_from_ds_config(ds, N, config, seq))}
     del engine, model

@@ -135,11 +135,6 @@ def layer_kept_bytes(s: Setup, recomputed: bool = True) -> float:
     return layer_activation_bytes(s) - layer_parts(s)["core"]
 
 
-def layer_dropped_bytes(s: Setup) -> float:
-    """Bytes a recomputed layer does not keep, rebuilt in backward: none 0, selective the core."""
-    return layer_activation_bytes(s) - layer_kept_bytes(s, recomputed=True)
-
-
 def head_activation_bytes(s: Setup) -> float:
     """Bytes the final RMSNorm and the output head's log-softmax save, per micro-batch."""
     return _norm(s) + 4 * _tokens(s) * s.model.vocab / s.tp

@@ -61,12 +61,6 @@ class Op:
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
-DESCRIPTIONS = {
-    "gpipe": "all forwards, then all backwards (GPipe; picotron's AFAB): m micro-batches in flight",
-    "1f1b": "p-rank-1 forwards, then one forward one backward (PipeDream-Flush, Megatron)",
-    "interleaved": "1F1B over v model chunks per rank (Megatron): the bubble shrinks by v",
-    "zb": "1F1B with the backward split in B (input grad) and W (weight grad), W delayed (ZB-H1)",
-}
 COMPUTE = ("F", "B", "W")
 
 

@@ -1,7 +1,7 @@
 """Measured beside predicted: the tables and checks labs print for memory per rank and for the
 collectives of a step, each measurement next to what plscale/predict says it should be.
 
-    everyone = gathered(census(zero_states(engine)))            # a collective: every rank calls it
+    everyone = gathered(census(zero_states(engine)))            # rank.distributed: every rank calls it
     rows = per_rank(everyone, (*MODEL_STATES, "model_states"))   # name -> [bytes on rank 0, 1, ...]
     if ctx.is_main:
         ctx.log("\\nmemory per rank, MiB, measured / predicted")
@@ -15,20 +15,11 @@ collectives of a step, each measurement next to what plscale/predict says it sho
 Every check comes back as a Check, (name, ok, detail), which ctx.check takes as it is.
 """
 
-import torch.distributed as dist
-
 from plscale.predict.busbw import bus_factor
 from plscale.predict.memory import LABELS, MODEL_STATES
 from plscale.predict.units import MiB
 from plscale.rank.against_dense import Check
 from plscale.rank.metrics import figure
-
-
-def gathered(mine, group=None) -> list:
-    """Every rank's `mine` (anything picklable), in rank order, on every rank of `group`."""
-    everyone = [None] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, mine, group=group)
-    return everyone
 
 
 def per_rank(everyone: list[dict], names) -> dict:

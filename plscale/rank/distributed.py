@@ -107,3 +107,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
+
+
+def gathered(mine, group=None) -> list:
+    """Every rank's `mine` (anything picklable), in rank order, on every rank of `group`."""
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    return everyone

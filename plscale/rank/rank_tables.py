@@ -1,5 +1,5 @@
-"""Every rank's values side by side, printed by rank 0 as a table, as lab 03 shows each collective:
-what every rank held before it and after it.
+"""Every rank's values side by side, printed by rank 0 as a table (lab 03 shows each collective
+so: what every rank held before it and after it).
 
     before = every_rank(x)                                   # a collective: every rank calls it
     show(ctx, "all_reduce", "what training uses it for", ["rank", "before"],
@@ -9,7 +9,7 @@ what every rank held before it and after it.
 from rich.console import Console
 from rich.table import Table
 
-from plscale.rank.against_prediction import gathered
+from plscale.rank.distributed import gathered
 
 CONSOLE = Console(width=140, highlight=False)
 
