@@ -163,3 +163,29 @@ def test_dsconfig_sits_below_the_lab_package():
     bad = [f"{name}:{line} imports {target}" for name in MODULES if _under(name, ("plscale.dsconfig",))
            for target, _, line in imports(name) if _under(target, ("plscale.lab", "plscale.run"))]
     assert not bad, "\n".join(bad)
+
+
+def test_every_name_imported_from_plscale_exists():
+    """A moved or renamed function fails here, before any lab runs: every `from plscale.X import
+    name` in plscale/, labs/ and benchmarks/ names a module or an attribute that exists."""
+    import importlib
+
+    missing = []
+    for folder in ("plscale", "labs", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                        and node.module.split(".")[0] == "plscale"):
+                    continue
+                try:
+                    module = importlib.import_module(node.module)
+                except ModuleNotFoundError as exc:
+                    if exc.name and not exc.name.startswith("plscale"):
+                        continue  # an optional extra (jax, megatron) that is not installed here
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}")
+                    continue
+                for alias in node.names:
+                    if not hasattr(module, alias.name) and \
+                            importlib.util.find_spec(f"{node.module}.{alias.name}") is None:
+                        missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}")
+    assert not missing, "imported but nowhere defined:\n" + "\n".join(missing)

@@ -43,7 +43,8 @@ from plscale.predict.presets import preset
 from plscale.predict.units import MiB
 from plscale.rank import allocations, runtime
 from plscale.rank.against_dense import follows, largest_gap
-from plscale.rank.against_prediction import gathered, largest_error, mib_figure, within
+from plscale.rank.against_prediction import largest_error, mib_figure, within
+from plscale.rank.distributed import gathered
 from plscale.strategies.recompute import llama as recompute
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
