@@ -12,6 +12,7 @@ import pytest
 from conftest import run_cli
 from plscale.charts import timeline
 from plscale.predict import pipeline as pp
+from plscale.predict.errors import PredictionError
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SHAPES = [(p, m) for p in (1, 2, 3, 4, 8) for m in (1, 2, 3, 4, 5, 8, 12, 16)]
@@ -37,7 +38,7 @@ def test_interleaved_bubble_shrinks_by_v():
                 assert pp.bubble_of(ops) == pytest.approx(pp.bubble_fraction(p, m, v), abs=1e-12), (p, m, v)
                 checked += 1
     assert checked == 60 and pp.bubble_fraction(4, 8, 2) == 3 / 19
-    with pytest.raises(ValueError, match="v >= 2"):  # one chunk per rank is plain 1F1B
+    with pytest.raises(PredictionError, match="v >= 2"):  # one chunk per rank is plain 1F1B
         pp.order("interleaved", 4, 8, 0, 1)
 
 
@@ -130,10 +131,10 @@ def test_docstring_picture_is_the_simulation():
 
 
 def test_bad_input_raises(monkeypatch):
-    for args, message in [(("pipedream", 4, 8), "unknown schedule 'pipedream'"), (("1f1b", 0, 8), "at least 1"),
+    for args, message in [(("pipedream", 4, 8), "Unknown schedule 'pipedream'"), (("1f1b", 0, 8), "at least 1"),
                           (("1f1b", 4, 0), "at least 1"), (("interleaved", 4, 8, 0), "at least 1"),
-                          (("interleaved", 4, 6, 2), "m=6 must be a multiple of p=4")]:
-        with pytest.raises(ValueError, match=message):
+                          (("interleaved", 4, 6, 2), "micro 6 is not a multiple of stages 4")]:
+        with pytest.raises(PredictionError, match=message):
             pp.simulate(*args)
     with pytest.raises(ValueError, match="rank 4 is not a pipeline rank of 4 stages"):
         pp.order("1f1b", 4, 8, 4)

@@ -6,7 +6,6 @@ import typer
 
 from plscale.cli.flags import speaks_flags
 from plscale.cli.output import console, png_path
-from plscale.errors import UserError, did_you_mean
 from plscale.predict import pipeline as pp
 
 app = typer.Typer(help="Pictures of parallelism on paper, before anything runs.", no_args_is_help=True)
@@ -16,22 +15,6 @@ NAMES = {"gpipe": "GPipe (all forwards, all backwards)", "1f1b": "1F1B", "interl
 FORMULAS = {"gpipe": "(p-1)/(m+p-1)", "1f1b": "(p-1)/(m+p-1)", "interleaved": "(p-1)/(v·m+p-1)",
             "zb": "(p-1)/(3m+p-1)"}
 TEXT_WIDTH = 150  # columns up to which the timeline is also printed as text
-
-
-def _check(schedule: str, stages: int, micro: int, virtual: int) -> None:
-    if schedule not in pp.SCHEDULES:
-        raise UserError(f"Unknown schedule {schedule!r}.{did_you_mean(schedule, pp.SCHEDULES)} "
-                        f"Use one of {', '.join(pp.SCHEDULES)}.")
-    for flag, value in (("--stages", stages), ("--micro", micro), ("--virtual", virtual)):
-        if value < 1:
-            raise UserError(f"{flag} must be a whole number of at least 1 (got {value}).")
-    if schedule == "interleaved" and virtual < 2:
-        raise UserError(f"--virtual {virtual}: interleaving gives each rank 2 or more chunks; with 1 it is plain "
-                        f"1F1B (--schedule 1f1b).")
-    if schedule == "interleaved" and micro % stages:
-        near = sorted({max(stages, micro // stages * stages), -(-micro // stages) * stages})
-        raise UserError(f"--micro {micro} is not a multiple of --stages {stages}: interleaved 1F1B sends "
-                        f"micro-batches round in groups of p; use --micro {' or '.join(map(str, near))}.")
 
 
 def _png_path(out: Path | None, schedule: str, stages: int, micro: int) -> Path:
@@ -65,7 +48,7 @@ def pipeline(
     Idle fraction: (p-1)/(m+p-1) for gpipe and 1f1b, (p-1)/(v*m+p-1) interleaved,
     (p-1)/(3m+p-1) for ZB-H1 with m >= p. See plscale/predict/pipeline.py.
     """
-    _check(schedule, stages, micro, virtual)
+    pp.check(schedule, stages, micro, virtual)         # a PredictionError, worded with these flags
     v = virtual if schedule == "interleaved" else 1
     path = _png_path(out, schedule, stages, micro)
     ops = pp.simulate(schedule, stages, micro, v)

@@ -43,6 +43,9 @@ student's); `bubble_of` measures a timeline's idle fraction, planned or measured
 
 from dataclasses import dataclass
 
+from plscale.errors import did_you_mean
+from plscale.predict.errors import PredictionError
+
 
 @dataclass(frozen=True)
 class Op:
@@ -65,15 +68,20 @@ COMPUTE = ("F", "B", "W")
 
 
 def check(schedule: str, p: int, m: int, v: int = 1) -> None:
+    """A schedule's inputs, each error naming its quantity: schedule, stages (p), micro (m), virtual (v)."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
-    if p < 1 or m < 1 or v < 1:
-        raise ValueError(f"stages, micro-batches and chunks must be at least 1 (got p={p}, m={m}, v={v})")
+        raise PredictionError("schedule", schedule, f"Unknown schedule {schedule!r}.{did_you_mean(schedule, SCHEDULES)} "
+                                                    f"Use one of {', '.join(SCHEDULES)}.", lead=False)
+    for quantity, value in (("stages", p), ("micro", m), ("virtual", v)):
+        if value < 1:
+            raise PredictionError(quantity, value, f" must be a whole number of at least 1 (got {value}).", show="")
     if schedule == "interleaved" and v < 2:
-        raise ValueError(f"interleaved 1F1B gives each rank v >= 2 chunks (got v={v}); v=1 is plain 1F1B")
+        raise PredictionError("virtual", v, ": interleaved 1F1B gives each rank v >= 2 chunks; with 1 it is plain "
+                                            "1F1B ({schedule} 1f1b).")
     if schedule == "interleaved" and m % p:
-        raise ValueError(f"interleaved 1F1B sends micro-batches round in groups of p: m={m} must be a "
-                         f"multiple of p={p}")
+        near = sorted({max(p, m // p * p), -(-m // p) * p})
+        raise PredictionError("micro", m, f" is not a multiple of {{stages}} {p}: interleaved 1F1B sends micro-batches "
+                                          f"round in groups of p; use {{micro}} {' or '.join(map(str, near))}.")
 
 
 def order(schedule: str, p: int, m: int, rank: int, v: int = 1) -> list[tuple[str, int, int]]:
