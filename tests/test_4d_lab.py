@@ -55,7 +55,7 @@ def test_tensor_pipeline_context_follows_the_dense_model(cli):
     (["--set", "ds.grad_accum=1"], "ds.grad_accum 1: 1F1B needs at least as many micro-batches"),
     (["--set", "model.preset=7b"], "untied head"),
     (["--set", "ds.stage=2"], "ds.stage 2"),
-    (["--gpus", "4"], "runs with 8 ranks"),
+    (["--gpus", "4"], "runs with 8, 16 ranks, not 4"),
 ])
 def test_bad_input_is_refused_before_launch(quick_cli, args, message):
     cli = quick_cli
