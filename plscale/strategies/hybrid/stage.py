@@ -36,7 +36,7 @@ from plscale.predict.context_parallel import positions
 from plscale.predict.presets import ModelConfig
 from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama import RMSNorm, rope_tables
-from plscale.strategies.hybrid.layer import HybridDecoderLayer
+from plscale.strategies.hybrid.layer import HybridDecoderLayer, load_layer_shard
 from plscale.strategies.tensor_parallel import operators as ops
 from plscale.strategies.tensor_parallel.layers import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
@@ -89,14 +89,7 @@ class HybridStage(nn.Module):
                 t, start = self.lm_head.shape[0], self.vocab_start
                 self.lm_head.copy_(dense.embed_tokens.weight[start:start + t])
         for mine, i in zip(self.layers, self.layer_ids):
-            full = dense.layers[i]
-            a, m = full.self_attn, full.mlp
-            mine.self_attn.qkv.load_shard(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
-            mine.self_attn.o_proj.load_shard(a.o_proj.weight)
-            mine.mlp.gate_up.load_shard(m.gate_proj.weight, m.up_proj.weight)
-            mine.mlp.down_proj.load_shard(m.down_proj.weight)
-            mine.input_layernorm.weight.copy_(full.input_layernorm.weight)
-            mine.post_attention_layernorm.weight.copy_(full.post_attention_layernorm.weight)
+            load_layer_shard(mine, dense.layers[i])
 
     def rope(self, local: int, device):
         """cos, sin at the global positions of this rank's `local` tokens (zig-zag chunks)."""
