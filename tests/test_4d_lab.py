@@ -40,11 +40,17 @@ def test_data_tensor_pipeline_follows_the_dense_model(cli):
 
 
 @pytest.mark.e2e
-def test_tensor_pipeline_context_follows_the_dense_model(cli):
+def test_tensor_pipeline_context_follows_the_dense_model_by_both_engines(cli):
     s, out = run_lab(cli, "tp2-pp2-cp2")
     assert_follows_dense(s)
-    assert (s["dp"], s["tp"], s["pp"], s["cp"]) == (1, 2, 2, 2)
+    assert (s["dp"], s["tp"], s["pp"], s["cp"], s["engine"]) == (1, 2, 2, 2, "plscale")
     assert "cp groups [[0, 2], [1, 3], [4, 6], [5, 7]]" in out.stdout
+    # the same layers in DeepSpeed's PipelineModule: its data axis is dp x cp, its groups the mesh's
+    d, _ = run_lab(cli, "deepspeed-tp2-pp2-cp2")
+    assert d["passed"], d["checks"]
+    assert "DeepSpeed's groups are the mesh's" in {c["name"] for c in d["checks"]}
+    assert d["engine"] == "deepspeed" and d["loss_gap"] < 1e-6 and max(d["param_gaps"]) < 0.05
+    assert d["losses"] == pytest.approx(s["losses"], rel=1e-6)   # same batches, same weights, another schedule
 
 
 @pytest.mark.parametrize("args, message", [

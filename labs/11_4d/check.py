@@ -27,6 +27,8 @@ def check(settings: dict, topology) -> None:
                         f"{' or '.join(str(d) for d in range(1, config.layers + 1) if config.layers % d == 0)}.")
     if not 8 <= model["seq"] <= config.max_seq:
         raise UserError(f"model.seq {model['seq']}: use 8 to {config.max_seq} for preset {model['preset']!r}.")
+    if settings["pipeline"]["engine"] not in ("plscale", "deepspeed"):
+        raise UserError(f"pipeline.engine {settings['pipeline']['engine']!r}: use plscale or deepspeed.")
     if settings["cp"]["split"] not in ("zigzag", "plain"):
         raise UserError(f"cp.split {settings['cp']['split']!r}: use zigzag or plain.")
     try:

@@ -80,16 +80,26 @@ ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, vocabul
 torch.manual_seed(seed)
 dense = Llama(config)
 initial = copy.deepcopy(dense.state_dict())
-stage = HybridStage(config, mesh, stage_id, PP, split).to(dev)
-stage.load_dense(dense)
-train_step = HybridStep(stage, mesh, ds)
-mine = sum(p.numel() for p in stage.parameters())
+if S["pipeline"]["engine"] == "deepspeed":  # the same layers in DeepSpeed's PipelineModule and schedule
+    from plscale.strategies.hybrid.deepspeed_pipe import DeepSpeedHybrid
+    train_step = DeepSpeedHybrid(config, mesh, ds, split)
+    model, load_dense = train_step.module, train_step.load_dense
+    holds = f"pieces {model._local_start} .. {model._local_stop - 1} (0 embedding, 1 .. L layers, L + 1 norm, L + 2 head)"
+else:
+    model = HybridStage(config, mesh, stage_id, PP, split).to(dev)
+    train_step, load_dense = HybridStep(model, mesh, ds), model.load_dense
+    holds = (f"layers {list(model.layer_ids)}{' + embedding' if model.first else ''}"
+             f"{' + norm, tied head' if model.last else ''}")
+load_dense(dense)
+mine = sum(p.numel() for p in model.parameters())
 held = gathered(mine)
 ctx.log(f"\nmodel: Llama-shaped {S['model']['preset']!r}, {param_count(config):,} parameters; stage {stage_id} of {PP} "
-        f"holds layers {list(stage.layer_ids)}{' + embedding' if stage.first else ''}"
-        f"{' + norm, tied head' if stage.last else ''}, split over tp {TP}: {mine:,} on this rank")
+        f"holds {holds}, split over tp {TP}: {mine:,} on this rank ({S['pipeline']['engine']} engine)")
 if ctx.is_main:
     ctx.log("  parameters per rank: " + ", ".join(f"r{r} {n:,}" for r, n in enumerate(held)))
+if S["pipeline"]["engine"] == "deepspeed":  # DeepSpeed built its own groups: they must be the mesh's
+    same = all(gathered(train_step.groups == {"pp": mesh.ranks("pp"), "dp-cp": mesh.ranks("dp-cp")}))
+    ctx.check("DeepSpeed's groups are the mesh's", same, "its pipe and data groups are pp and dp x cp on every rank")
 
 # ---- Training: 1F1B over the stages; tied sum; one all-reduce over dp x cp; AdamW ------------
 steps = S["train"]["steps"]
@@ -99,7 +109,7 @@ for step in range(steps):
     losses.append(train_step(my_columns(step)))
     times.append(time.perf_counter() - t0)
     if step == 0:  # kept for the parameter check below
-        after_first = {name: p.detach().clone() for name, p in stage.named_parameters()}
+        after_first = {name: p.detach().clone() for name, p in model.named_parameters()}
     ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
                      tokens_per_s=micro * m * dp * seq / times[-1])
     ctx.metrics.progress(f"dp {dp} x tp {TP} x pp {PP} x cp {CP}", step + 1, steps, f"loss {losses[-1]:.4f}")
@@ -116,17 +126,16 @@ if ctx.is_main:
     ctx.check(*follows("the 4D model follows the dense model's loss", losses, want))
 
 # ---- Parity 2: every rank's shard after the first step, against the dense model's slice -------
-# Each rank trains its own dense copy one step on all the batches, cuts out the slice it should
-# hold (a fresh stage loaded from it), and compares: no gathers of weights. The gap is measured
+# Each rank trains its own dense copy one step on all the batches, loads the slice it should
+# hold into its model (training is over) and compares: no gathers of weights. The gap is measured
 # in units of the learning rate: AdamW's first step moves a weight by lr g/(|g| + eps), so where a
 # gradient is as small as eps (1e-8) its rounding (another order of the same sums) shows.
 lr = ds["optimizer"]["params"]["lr"]
 reference = Llama(config).to(dev)
 reference.load_state_dict(initial)
 reference_losses(reference, ds, every_replica(batch, dp), 1)
-expected = HybridStage(config, mesh, stage_id, PP, split).to(dev)
-expected.load_dense(reference)
-diffs = {name: (after_first[name] - p).abs() / lr for name, p in expected.named_parameters()}
+load_dense(reference)
+diffs = {name: (after_first[name] - p).abs() / lr for name, p in model.named_parameters()}
 worst_name = max(diffs, key=lambda n: diffs[n].max())
 over = sum(int((d > 1e-3).sum()) for d in diffs.values())
 everyone = gathered((diffs[worst_name].max().item(), worst_name, over, mine))
@@ -151,5 +160,6 @@ if ctx.is_main:
                        "every rank's shard after step 1, against the dense model's slice")]
     ctx.log("\nmesh.png: the ranks of this run's mesh, one panel per pipeline stage")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, dp=dp, tp=TP, pp=PP, cp=CP,
+           engine=S["pipeline"]["engine"],
            vocab=vocab, micro_batches=m, micro_batch=micro, seq=seq, losses=losses, params_per_rank=held,
            loss_gap=loss_gap, param_gaps=[g for g, *_ in everyone])

@@ -7,6 +7,8 @@ from the hand-written pieces of the other packages (lab 11).
                and vocab-parallel loss (a share, / cp) last
     step.py    HybridStep: 1F1B over the pp group, the tied gradients summed, one all-reduce
                over dp-cp, AdamW
+    deepspeed_pipe.py  DeepSpeedHybrid: the same layers in DeepSpeed's PipelineModule; its
+               data axis is the mesh's dp x cp
 
 The mesh is Megatron's, tp-cp-dp-pp (plscale/rank/mesh.py): tp neighbours inside a node, pp
 the farthest apart. Lab 11 (`plscale lab run 4d`) trains it against the dense model.
