@@ -93,6 +93,23 @@ def test_bytes_per_step_are_what_a_real_run_moved():
     assert nbytes / 2**20 == pytest.approx(9.006, abs=0.0005)
 
 
+def test_a_pipeline_stage_issues_its_layers_and_its_ends_only():
+    # Lab 11: a stage of 2 of small's 4 layers, s/cp = 64 tokens, 2 micro-batches, fp32:
+    # a = 4*64*256*4 = 262,144 bytes. The first stage adds the embedding's g, the last the head's f
+    # and the loss's 3 vectors of 4*64 fp32 (1,024 bytes); a middle one only its layers' 2 + 2.
+    kw = dict(seq=64, micro_batch=4, precision="fp32", micro_batches=2, layers=2)
+    first = collectives(SMALL, 2, embedding=True, head=False, **kw)
+    middle = collectives(SMALL, 2, embedding=False, head=False, **kw)
+    last = collectives(SMALL, 2, embedding=False, head=True, **kw)
+    assert count(first, "all_reduce", "forward") == 10 and count(first, "all_reduce", "backward") == 8
+    assert count(middle, "all_reduce", "forward") == 8 and count(middle, "all_reduce", "backward") == 8
+    assert count(last, "all_reduce", "forward") == 14 and count(last, "all_reduce", "backward") == 10
+    assert totals(middle) == {"all_reduce": (16, 16 * 262_144)}
+    assert totals(last) == {"all_reduce": (24, 18 * 262_144 + 6 * 1_024)}
+    with pytest.raises(UserError, match="without sequence parallelism"):
+        collectives(SMALL, 2, sp=True, embedding=False, **kw)
+
+
 def test_sp_replaces_each_all_reduce_by_reduce_scatter_and_all_gather():
     # Korthikanti et al. 2022, section 4.2.2: with sequence parallelism a layer's 4 all-reduces (2
     # each way) become 4 all-gathers and 4 reduce-scatters, "the same" communication volume (an

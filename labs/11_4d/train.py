@@ -24,7 +24,9 @@ import time
 import torch
 
 from plscale.charts import plots
+from plscale.predict import context_parallel as cp_predict, tensor_parallel as tp_predict
 from plscale.predict.presets import param_count, preset
+from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
 from plscale.rank.data import wikitext
@@ -32,9 +34,11 @@ from plscale.rank.distributed import gathered
 from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.strategies.context_parallel import ring_attention as ring
 from plscale.strategies.context_parallel.llama import split_batch
 from plscale.strategies.hybrid.stage import HybridStage
 from plscale.strategies.hybrid.step import HybridStep
+from plscale.strategies.tensor_parallel import operators as ops
 
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
@@ -103,16 +107,45 @@ if S["pipeline"]["engine"] == "deepspeed":  # DeepSpeed built its own groups: th
 
 # ---- Training: 1F1B over the stages; tied sum; one all-reduce over dp x cp; AdamW ------------
 steps = S["train"]["steps"]
+census = min(1, steps - 1)  # the collectives of one step after the first, counted as they run
 losses, times = [], []
 for step in range(steps):
+    ops.TALLY.reset(), ring.TALLY.reset()
     t0 = time.perf_counter()
     losses.append(train_step(my_columns(step)))
     times.append(time.perf_counter() - t0)
+    if step == census:
+        tp_sent, ring_sent = ops.TALLY.rows(), {k: v["sent_bytes"] for k, v in ring.TALLY.rows().items()}
     if step == 0:  # kept for the parameter check below
         after_first = {name: p.detach().clone() for name, p in model.named_parameters()}
     ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
                      tokens_per_s=micro * m * dp * seq / times[-1])
     ctx.metrics.progress(f"dp {dp} x tp {TP} x pp {PP} x cp {CP}", step + 1, steps, f"loss {losses[-1]:.4f}")
+
+# ---- Collectives per step on every rank, by dimension, against the predictions ------------------
+# tp: Megatron's all-reduces for this stage's layers (and its embedding, or head and loss) at s/cp
+# tokens (plscale estimate tp); cp: the k/v blocks ring attention sends, of this rank's kv_heads/t
+# heads (plscale estimate cp). Every rank counts its own, rank 0 compares them all.
+per_stage, first, last = config.layers // PP, stage_id == 0, stage_id == PP - 1
+tp_want = tp_predict.by_op_phase(tp_predict.collectives(config, TP, seq // CP, micro, "fp32", micro_batches=m,
+                                                        layers=per_stage, embedding=first, head=last))
+block = cp_predict.ring_bytes(micro, seq, CP, config.kv_heads // TP, config.head_dim, 4)
+ring_want = {"forward": block.forward * per_stage * m, "backward": block.backward * per_stage * m}
+counts = gathered((tp_sent, tp_want, ring_sent, ring_want))
+if ctx.is_main:
+    ctx.log(f"\ncollectives per step (step {census}), measured/predicted: tp {', '.join(sorted({o for o, _ in tp_want})) or '-'} "
+            f"calls and MiB by phase; cp: MiB of k/v (and dk/dv) ring attention sent")
+    for r, (got, want, ring_got, ring_exp) in enumerate(counts):
+        tp_text = ", ".join(f"{ph} {got.get((o, ph), (0, 0))[0]}/{c} calls {got.get((o, ph), (0, 0))[1] / MiB:.3f}/"
+                            f"{b / MiB:.3f} MiB" for (o, ph), (c, b) in want.items())
+        ctx.log(f"  r{r}  tp: {tp_text or '-'};  cp: {sum(ring_got.values()) / MiB:.3f}/{sum(ring_exp.values()) / MiB:.3f}")
+    if TP > 1:
+        ctx.check("tp collectives per step as predicted, every rank", all(c[0] == c[1] for c in counts),
+                  f"{sum(n for c in counts for n, _ in c[0].values())} calls measured on {len(counts)} ranks, "
+                  f"{sum(n for c in counts for n, _ in c[1].values())} predicted")
+    ctx.check("ring attention's bytes per step as predicted, every rank", all(c[2] == c[3] for c in counts),
+              f"{sum(sum(c[2].values()) for c in counts) / MiB:.2f} MiB measured on {len(counts)} ranks, "
+              f"{sum(sum(c[3].values()) for c in counts) / MiB:.2f} MiB predicted")
 
 # ---- Parity 1: the loss, step by step, against the dense model on every replica's batches ------
 parity = min(S["train"]["parity_steps"], steps)
