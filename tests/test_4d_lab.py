@@ -39,6 +39,11 @@ def test_data_tensor_pipeline_follows_the_dense_model(cli):
     # stage 1 holds the last layer, the norm and its copy of the tied head's shard (vocab / tp rows)
     first, last = s["params_per_rank"][0], s["params_per_rank"][4]
     assert last - first == 128   # the final norm's weights; the embedding and the head shard weigh the same
+    # the last step's timeline and its bubble beside (p-1)/(m+p-1) = 1/5 (timings vary: only the prediction is fixed)
+    run_dir = sorted(p for p in cli.runs.iterdir() if p.name.endswith("4d-dp2-tp2-pp2"))[-1]
+    assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bubble = next(f for f in s["figures"] if f["name"] == "bubble at m=4")
+    assert bubble["predicted"] == 20.0 and 0 <= bubble["value"] < 100
 
 
 @pytest.mark.e2e

@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from plscale.charts import plots
-from plscale.predict import context_parallel as cp_predict, tensor_parallel as tp_predict
+from plscale.charts import plots, timeline
+from plscale.predict import context_parallel as cp_predict, pipeline as plan, tensor_parallel as tp_predict
 from plscale.predict.presets import param_count, preset
 from plscale.predict.units import MiB
 from plscale.rank import runtime
@@ -147,9 +147,35 @@ if ctx.is_main:
               f"{sum(sum(c[2].values()) for c in counts) / MiB:.2f} MiB measured on {len(counts)} ranks, "
               f"{sum(sum(c[3].values()) for c in counts) / MiB:.2f} MiB predicted")
 
+# ---- Where the last step's time went, and the bubble against (p-1)/(m+p-1) (plscale's engine) ----
+# forward + backward hold tp's all-reduces and cp's ring; send/recv holds the waits for a neighbour
+figures = []
+if S["pipeline"]["engine"] == "plscale":
+    def took(*kinds):
+        return sum(o.end - o.start for o in train_step.ops if o.kind in kinds)
+
+    parts = {"forward + backward": took("F", "B"), "pipeline send/recv": took("send", "recv"),
+             "gradient all-reduces": train_step.seconds["gradient all-reduces"],
+             "optimizer": train_step.seconds["optimizer"]}
+    parts["rest (loss, data)"] = times[-1] - sum(parts.values())
+    in_first = mesh.rank in layout.groups("pp")[0]  # the pipeline of rank 0, drawn as a timeline
+    timed = gathered((parts, [o.to_dict() for o in train_step.ops] if in_first else []))
+    if ctx.is_main:
+        ctx.log(f"\nthe last step's time by part, ms (on 2 shared cores the ranks take turns: read the shares)")
+        ctx.log("  rank " + "".join(f"{k:>22}" for k in parts))
+        for r, (split_ms, _) in enumerate(timed):
+            ctx.log(f"  r{r:<4}" + "".join(f"{1e3 * v:22.1f}" for v in split_ms.values()))
+        measured_ops = [plan.Op(**o) for _, ops_ in timed for o in ops_]
+        bubble, theory = plan.bubble_of(measured_ops), plan.bubble_fraction(PP, m)
+        timeline.draw_pair(ctx.run_dir / "timeline.png", measured_ops, plan.simulate("1f1b", PP, m),
+                           f"measured: 1F1B, p={PP}, m={m}, pipeline {layout.groups('pp')[0]}, step {steps - 1}: "
+                           f"bubble {100 * bubble:.1f}%", f"planned: bubble {100 * theory:.1f}% with backward = 2 forwards")
+        figures.append(figure(f"bubble at m={m}", round(100 * bubble, 1), "%", round(100 * theory, 1),
+                              "idle share of the last step, rank 0's pipeline; (p-1)/(m+p-1)"))
+
 # ---- Parity 1: the loss, step by step, against the dense model on every replica's batches ------
 parity = min(S["train"]["parity_steps"], steps)
-figures, loss_gap = [], 0.0
+loss_gap = 0.0
 if ctx.is_main:
     reference = Llama(config).to(dev)
     reference.load_state_dict(initial)
@@ -191,7 +217,7 @@ if ctx.is_main:
                        f"against the dense model, {parity} steps"),
                 figure("largest parameter gap", float(f"{param_gap:.3g}"), "lr", None,
                        "every rank's shard after step 1, against the dense model's slice")]
-    ctx.log("\nmesh.png: the ranks of this run's mesh, one panel per pipeline stage")
+    ctx.log("\nmesh.png: the ranks of this run's mesh, one panel per pipeline stage; timeline.png: one step")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, dp=dp, tp=TP, pp=PP, cp=CP,
            engine=S["pipeline"]["engine"],
            vocab=vocab, micro_batches=m, micro_batch=micro, seq=seq, losses=losses, params_per_rank=held,

@@ -23,11 +23,16 @@ residual stream (no sequence parallelism), so their gradients are already equal 
 
     step = HybridStep(stage, mesh, ds_config)
     loss = step(micro_batches)       # m (tokens, targets) pairs of this rank's columns (s/cp)
+    step.ops                         # the last step's timed forwards, backwards, sends, receives (a timeline)
+    step.seconds                     # its time by part: schedule, gradient all-reduces, optimizer
 """
+
+import time
 
 import torch
 import torch.distributed as dist
 
+from plscale.predict.pipeline import Op
 from plscale.rank.mesh import Mesh
 from plscale.rank.optim import optimizer
 from plscale.strategies.pipeline.p2p import StageLinks
@@ -43,16 +48,24 @@ class HybridStep:
         self.optimizer = optimizer(stage.parameters(), ds_config)
         self.tied = TiedGroups.build(mesh, stage.config)  # a collective: every rank builds every group
         self.device = next(stage.parameters()).device
+        self.ops, self.seconds = [], {}
+
+    def _record(self, kind, micro, start, end):
+        self.ops.append(Op(self.s, kind, micro, start, end, self.s))
 
     def __call__(self, micro_batches) -> float:
         micro, local = micro_batches[0][0].shape
         links = StageLinks(self.mesh.ranks("pp"), self.mesh.rank, self.mesh.group("pp"),
-                           (micro, local, self.stage.config.hidden), torch.float32, self.device)
-        run = Schedule(self.stage, links, self.stage.loss, self.s == 0, self.s == self.p - 1)
+                           (micro, local, self.stage.config.hidden), torch.float32, self.device, self._record)
+        run = Schedule(self.stage, links, self.stage.loss, self.s == 0, self.s == self.p - 1, self._record)
+        self.ops, t0 = [], time.perf_counter()
         losses = run.one_f_one_b(micro_batches, self.p, self.s)
+        t1 = time.perf_counter()
         self.sync_grads()
+        t2 = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.seconds = {"schedule": t1 - t0, "gradient all-reduces": t2 - t1, "optimizer": time.perf_counter() - t2}
         return self.mean_loss(losses)
 
     @torch.no_grad()
