@@ -47,7 +47,7 @@ def test_data_tensor_pipeline_follows_the_dense_model(cli):
 
 
 @pytest.mark.e2e
-def test_tensor_pipeline_context_follows_the_dense_model_by_both_engines(cli):
+def test_tensor_pipeline_context_follows_the_dense_model_by_both_engines_and_with_sp(cli):
     s, out = run_lab(cli, "tp2-pp2-cp2")
     assert_follows_dense(s)
     assert (s["dp"], s["tp"], s["pp"], s["cp"], s["engine"]) == (1, 2, 2, 2, "plscale")
@@ -58,6 +58,10 @@ def test_tensor_pipeline_context_follows_the_dense_model_by_both_engines(cli):
     assert "DeepSpeed's groups are the mesh's" in {c["name"] for c in d["checks"]}
     assert d["engine"] == "deepspeed" and d["loss_gap"] < 1e-6 and max(d["param_gaps"]) < 0.05
     assert d["losses"] == pytest.approx(s["losses"], rel=1e-6)   # same batches, same weights, another schedule
+    # with sequence parallelism inside the tp groups: all-gathers and reduce-scatters, the same model
+    q, _ = run_lab(cli, "tp2-pp2-cp2-sp")
+    assert_follows_dense(q)
+    assert q["sequence_parallel"] and q["losses"] == pytest.approx(s["losses"], rel=1e-6)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -68,6 +72,8 @@ def test_tensor_pipeline_context_follows_the_dense_model_by_both_engines(cli):
     (["--set", "ds.grad_accum=1"], "ds.grad_accum 1: 1F1B needs at least as many micro-batches"),
     (["--set", "model.preset=7b"], "untied head"),
     (["--set", "ds.stage=2"], "ds.stage 2"),
+    (["--variant", "tp2-pp2-cp2-sp", "--set", "parallel.tp=4", "--set", "parallel.cp=1", "--set", "model.seq=34"],
+     "model.seq 34: each rank's 34 tokens (seq / cp) do not split over tp 4"),
     (["--gpus", "4"], "runs with 8, 16 ranks, not 4"),
 ])
 def test_bad_input_is_refused_before_launch(quick_cli, args, message):

@@ -106,8 +106,13 @@ def test_a_pipeline_stage_issues_its_layers_and_its_ends_only():
     assert count(last, "all_reduce", "forward") == 14 and count(last, "all_reduce", "backward") == 10
     assert totals(middle) == {"all_reduce": (16, 16 * 262_144)}
     assert totals(last) == {"all_reduce": (24, 18 * 262_144 + 6 * 1_024)}
-    with pytest.raises(UserError, match="without sequence parallelism"):
-        collectives(SMALL, 2, sp=True, embedding=False, **kw)
+    # with sequence parallelism (Korthikanti et al. 2022, 4.2.2) each of those all-reduces is an all-gather
+    # and a reduce-scatter, and each norm's gradient (h fp32 = 1,024 bytes) is summed: 2 a layer, 1 the final norm
+    sp_middle = totals(collectives(SMALL, 2, sp=True, embedding=False, head=False, **kw))
+    assert sp_middle == {"all_gather": (16, 16 * 262_144), "reduce_scatter": (16, 16 * 262_144),
+                         "all_reduce": (8, 8 * 1_024)}
+    sp_last = totals(collectives(SMALL, 2, sp=True, embedding=False, head=True, **kw))
+    assert sp_last["all_reduce"] == (10 + 6, 10 * 1_024 + 6 * 1_024)   # the norms' 10, the loss's 3 x 2
 
 
 def test_sp_replaces_each_all_reduce_by_reduce_scatter_and_all_gather():

@@ -35,6 +35,16 @@ def check(settings: dict, topology) -> None:
         check_split(model["seq"], cp, settings["cp"]["split"])
     except PredictionError as exc:
         raise exc.named({"seq": "model.seq"}) from None
+    if settings["tp"]["sequence_parallel"]:
+        if tp < 2:
+            raise UserError(f"tp.sequence_parallel with parallel.tp {tp}: sequence parallelism splits the tokens "
+                            f"over the tp group; use parallel.tp=2 or more, or tp.sequence_parallel=false.")
+        if (model["seq"] // cp) % tp:
+            raise UserError(f"model.seq {model['seq']}: each rank's {model['seq'] // cp} tokens (seq / cp) do not "
+                            f"split over tp {tp} (tp.sequence_parallel); use a multiple of {2 * cp * tp}.")
+        if settings["pipeline"]["engine"] != "plscale":
+            raise UserError("tp.sequence_parallel: the DeepSpeed pipeline engine here runs without it; use "
+                            "pipeline.engine=plscale.")
     m = ds["grad_accum"]
     if not isinstance(m, int) or m < pp:
         raise UserError(f"ds.grad_accum {m!r}: 1F1B needs at least as many micro-batches per step as stages "

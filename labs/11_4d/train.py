@@ -43,7 +43,7 @@ from plscale.strategies.tensor_parallel import operators as ops
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
 TP, PP, CP = (S["parallel"].get(k, 1) for k in ("tp", "pp", "cp"))
-seq, seed, split = S["model"]["seq"], S["seed"], S["cp"]["split"]
+seq, seed, split, SP = S["model"]["seq"], S["seed"], S["cp"]["split"], S["tp"]["sequence_parallel"]
 micro, m = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
 
 # ---- The mesh: Megatron's order, tp fastest, then cp, dp, and pp slowest ---------------------
@@ -90,7 +90,7 @@ if S["pipeline"]["engine"] == "deepspeed":  # the same layers in DeepSpeed's Pip
     model, load_dense = train_step.module, train_step.load_dense
     holds = f"pieces {model._local_start} .. {model._local_stop - 1} (0 embedding, 1 .. L layers, L + 1 norm, L + 2 head)"
 else:
-    model = HybridStage(config, mesh, stage_id, PP, split).to(dev)
+    model = HybridStage(config, mesh, stage_id, PP, split, sequence_parallel=SP).to(dev)
     train_step, load_dense = HybridStep(model, mesh, ds), model.load_dense
     holds = (f"layers {list(model.layer_ids)}{' + embedding' if model.first else ''}"
              f"{' + norm, tied head' if model.last else ''}")
@@ -120,23 +120,24 @@ for step in range(steps):
         after_first = {name: p.detach().clone() for name, p in model.named_parameters()}
     ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
                      tokens_per_s=micro * m * dp * seq / times[-1])
-    ctx.metrics.progress(f"dp {dp} x tp {TP} x pp {PP} x cp {CP}", step + 1, steps, f"loss {losses[-1]:.4f}")
+    ctx.metrics.progress(f"dp {dp} x tp {TP}{' + sp' if SP else ''} x pp {PP} x cp {CP}", step + 1, steps,
+                         f"loss {losses[-1]:.4f}")
 
 # ---- Collectives per step on every rank, by dimension, against the predictions ------------------
 # tp: Megatron's all-reduces for this stage's layers (and its embedding, or head and loss) at s/cp
 # tokens (plscale estimate tp); cp: the k/v blocks ring attention sends, of this rank's kv_heads/t
 # heads (plscale estimate cp). Every rank counts its own, rank 0 compares them all.
 per_stage, first, last = config.layers // PP, stage_id == 0, stage_id == PP - 1
-tp_want = tp_predict.by_op_phase(tp_predict.collectives(config, TP, seq // CP, micro, "fp32", micro_batches=m,
+tp_want = tp_predict.by_op_phase(tp_predict.collectives(config, TP, seq // CP, micro, "fp32", sp=SP, micro_batches=m,
                                                         layers=per_stage, embedding=first, head=last))
 block = cp_predict.ring_bytes(micro, seq, CP, config.kv_heads // TP, config.head_dim, 4)
 ring_want = {"forward": block.forward * per_stage * m, "backward": block.backward * per_stage * m}
 counts = gathered((tp_sent, tp_want, ring_sent, ring_want))
 if ctx.is_main:
-    ctx.log(f"\ncollectives per step (step {census}), measured/predicted: tp {', '.join(sorted({o for o, _ in tp_want})) or '-'} "
-            f"calls and MiB by phase; cp: MiB of k/v (and dk/dv) ring attention sent")
+    ctx.log(f"\ncollectives per step (step {census}), measured/predicted: tp calls and MiB by op and phase; "
+            f"cp: MiB of k/v (and dk/dv) ring attention sent")
     for r, (got, want, ring_got, ring_exp) in enumerate(counts):
-        tp_text = ", ".join(f"{ph} {got.get((o, ph), (0, 0))[0]}/{c} calls {got.get((o, ph), (0, 0))[1] / MiB:.3f}/"
+        tp_text = ", ".join(f"{o} {ph} {got.get((o, ph), (0, 0))[0]}/{c} calls {got.get((o, ph), (0, 0))[1] / MiB:.3f}/"
                             f"{b / MiB:.3f} MiB" for (o, ph), (c, b) in want.items())
         ctx.log(f"  r{r}  tp: {tp_text or '-'};  cp: {sum(ring_got.values()) / MiB:.3f}/{sum(ring_exp.values()) / MiB:.3f}")
     if TP > 1:
@@ -220,6 +221,6 @@ if ctx.is_main:
                        "every rank's shard after step 1, against the dense model's slice")]
     ctx.log("\nmesh.png: the ranks of this run's mesh, one panel per pipeline stage; timeline.png: one step")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, dp=dp, tp=TP, pp=PP, cp=CP,
-           engine=S["pipeline"]["engine"],
+           engine=S["pipeline"]["engine"], sequence_parallel=SP,
            vocab=vocab, micro_batches=m, micro_batch=micro, seq=seq, losses=losses, params_per_rank=held,
            loss_gap=loss_gap, param_gaps=[g for g, *_ in everyone])

@@ -122,10 +122,7 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
                 Collective("all_reduce", "backward", "head input (f)", m, a),
                 Collective("all_reduce", "backward", "layers (f before attention and before MLP)", 2 * L * m, a)]
         return [r for r in rows if _on_stage(r, embedding, head) and r.calls]
-    if layers is not None or not (embedding and head):
-        raise PredictionError("sp", sp, ": per pipeline stage, collectives are modelled without sequence "
-                                        "parallelism; drop {sp}.", show="")
-    return [Collective("reduce_scatter", "forward", "embedding (vocab-parallel, to sequence shards)", m, a),
+    rows = [Collective("reduce_scatter", "forward", "embedding (vocab-parallel, to sequence shards)", m, a),
             Collective("all_gather", "forward", "layers (before attention and before MLP)", 2 * L * m, a),
             Collective("reduce_scatter", "forward", "layers (after attention and after MLP)", 2 * L * m, a),
             Collective("all_gather", "forward", "head input", m, a),
@@ -134,8 +131,9 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
             Collective("reduce_scatter", "backward", "layers (before attention and before MLP)", 2 * L * m, a),
             Collective("all_gather", "backward", "layers (after attention and after MLP)", 2 * L * m, a),
             Collective("all_gather", "backward", "embedding", m, a),
-            Collective("all_reduce", "backward", "replicated norm weights' gradients", (2 * L + 1) * m,
+            Collective("all_reduce", "backward", "replicated norm weights' gradients", (2 * L + head) * m,
                        c.hidden * ELEMENT_BYTES[precision])]
+    return [r for r in rows if _on_stage(r, embedding, head) and r.calls]
 
 
 def _on_stage(row: Collective, embedding: bool, head: bool) -> bool:

@@ -2,7 +2,8 @@
 from the hand-written pieces of the other packages (lab 11).
 
     layer.py   HybridDecoderLayer: lab 07's tensor-parallel layer whose attention core is ring
-               attention (zig-zag) over the cp group, on the rank's own heads
+               attention (zig-zag) over the cp group, on the rank's own heads (sequence
+               parallelism optional)
     stage.py   HybridStage: a pipeline stage of such layers; embedding first, norm, tied head
                and vocab-parallel loss (a share, / cp) last
     step.py    HybridStep: 1F1B over the pp group, the tied gradients summed, one all-reduce

@@ -11,6 +11,10 @@
       v
     x: [b, s/cp, h]
 
+With sequence parallelism (`sp`) the residual stream holds s/(cp t) tokens: the column layer
+all-gathers the rank's s/cp tokens over tp before q, k, v, so ring attention sees the same
+[b, heads/t, s/cp, d] as without, and the row layer reduce-scatters them back (lab 07).
+
 The two splits do not meet: tp cuts the heads and the MLP's width, cp cuts the tokens. A
 rank's ring holds the ranks with its own tp index (they hold the same heads), so the
 ring passes the k/v of heads/t heads, a tp-th of what the cp-only model passes.
@@ -36,8 +40,8 @@ from plscale.strategies.tensor_parallel.llama import ParallelAttention, Parallel
 class RingParallelAttention(ParallelAttention):
     """The tensor-parallel attention block; its core is ring attention over the cp group."""
 
-    def __init__(self, c: ModelConfig, tp_group, cp_group, split: str = "zigzag"):
-        super().__init__(c, tp_group, False, ColumnParallelLinear, RowParallelLinear)
+    def __init__(self, c: ModelConfig, tp_group, cp_group, split: str = "zigzag", sp: bool = False):
+        super().__init__(c, tp_group, sp, ColumnParallelLinear, RowParallelLinear)
         self.cp_group, self.split = cp_group, split
 
     def attend(self, q, k, v):
@@ -52,9 +56,9 @@ class RingParallelAttention(ParallelAttention):
 class HybridDecoderLayer(ParallelDecoderLayer):
     """Lab 07's ParallelDecoderLayer with RingParallelAttention in place of its attention."""
 
-    def __init__(self, c: ModelConfig, tp_group, cp_group, split: str = "zigzag"):
-        super().__init__(c, tp_group, False, ColumnParallelLinear, RowParallelLinear)
-        self.self_attn = RingParallelAttention(c, tp_group, cp_group, split)
+    def __init__(self, c: ModelConfig, tp_group, cp_group, split: str = "zigzag", sp: bool = False):
+        super().__init__(c, tp_group, sp, ColumnParallelLinear, RowParallelLinear)
+        self.self_attn = RingParallelAttention(c, tp_group, cp_group, split, sp)
 
 
 @torch.no_grad()

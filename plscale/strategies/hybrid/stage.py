@@ -8,8 +8,11 @@ first stage and the final norm, the tied head and the loss on the last.
     -> x [b, s/cp, h]          -> x                    head: x @ E_t^T -> logits [b, s/cp, V/t]
                                                        vocab-parallel cross-entropy / cp
 
-Every tensor sent between stages is [micro, s/cp, h]: tp leaves the residual stream whole
-(no sequence parallelism here), cp keeps a rank's tokens only.
+Every tensor sent between stages is [micro, s/cp, h]: tp leaves the residual stream whole,
+cp keeps a rank's tokens only. With `sequence_parallel` it is [micro, s/(cp t), h]: the
+embedding reduce-scatters, the last stage all-gathers before the head, and the norms, each
+rank seeing its own tokens only, sum their gradients over tp in backward (a hook, as
+TensorParallelLlama's).
 
 The head is tied to the embedding. With pp > 1 the last stage keeps its own copy of its
 rank's vocabulary shard E_t (loaded from the same dense weight), and the first and last stage
@@ -50,20 +53,21 @@ def layer_range(layers: int, stages: int, index: int) -> range:
 
 
 class HybridStage(nn.Module):
-    def __init__(self, config: ModelConfig, mesh: Mesh, index: int, stages: int, split: str = "zigzag"):
+    def __init__(self, config: ModelConfig, mesh: Mesh, index: int, stages: int, split: str = "zigzag",
+                 sequence_parallel: bool = False):
         super().__init__()
         if not config.tie_embeddings or config.dropout:
             raise ValueError("the 4D Llama ties its head to the embedding and applies no dropout: use a tied "
                              "preset with dropout 0")
-        self.config, self.split = config, split
-        self.tp_group, self.cp_group = mesh.group("tp"), mesh.group("cp")
+        self.config, self.split, self.sequence_parallel = config, split, sequence_parallel
+        self.tp_group, self.cp_group, self.t = mesh.group("tp"), mesh.group("cp"), mesh.size("tp")
         self.cp, self.cp_rank = mesh.size("cp"), mesh.rank_in("cp")
         self.first, self.last = index == 0, index == stages - 1
         self.layer_ids = layer_range(config.layers, stages, index)
-        self.layers = nn.ModuleList(HybridDecoderLayer(config, self.tp_group, self.cp_group, split)
+        self.layers = nn.ModuleList(HybridDecoderLayer(config, self.tp_group, self.cp_group, split, sequence_parallel)
                                     for _ in self.layer_ids)
         if self.first:
-            self.embed_tokens = VocabParallelEmbedding(config.vocab, config.hidden, self.tp_group)
+            self.embed_tokens = VocabParallelEmbedding(config.vocab, config.hidden, self.tp_group, sequence_parallel)
         if self.last:
             self.norm = RMSNorm(config.hidden, config.norm_eps)
             if not self.first:  # the last stage's copy of the tied weight's shard
@@ -71,6 +75,11 @@ class HybridStage(nn.Module):
                 self.lm_head = nn.Parameter(torch.empty(rows, config.hidden))
                 self.lm_head.tensor_model_parallel = True
         self.vocab_start = dist.get_rank(self.tp_group) * (config.vocab // dist.get_world_size(self.tp_group))
+        for m in self.modules():  # the norms: whole on every rank, each fed its own tokens under sp
+            if isinstance(m, RMSNorm):
+                m.weight.sequence_parallel = sequence_parallel
+                if sequence_parallel:
+                    m.weight.register_hook(lambda grad: ops.all_reduce(grad, self.tp_group, "backward"))
 
     def tied_weight(self):
         """The tied embedding/head shard this stage holds (None on a middle stage)."""
@@ -99,15 +108,17 @@ class HybridStage(nn.Module):
         return cos[index], sin[index]
 
     def forward(self, x):
-        """tokens [b, s/cp] (first stage) or hidden states [b, s/cp, h]; hidden states out, or
-        this rank's logits [b, s/cp, V/t] on the last stage."""
-        x = self.embed_tokens(x) if self.first else x        # g over tp: [b, s/cp, h]
-        cos, sin = self.rope(x.shape[1], x.device)
+        """tokens [b, s/cp] (first stage) or hidden states [b, s/cp, h] ([b, s/(cp t), h] under
+        sequence parallelism); hidden states out, or this rank's logits [b, s/cp, V/t] last."""
+        local = x.shape[1] * (self.t if self.sequence_parallel and not self.first else 1)  # s/cp
+        x = self.embed_tokens(x) if self.first else x        # g over tp (or reduce-scatter): [b, s/cp, h]
+        cos, sin = self.rope(local, x.device)                # attention sees all s/cp tokens of the rank
         for layer in self.layers:
             x = layer(x, cos, sin)
         if not self.last:
             return x
-        x = ops.copy_to(self.norm(x), self.tp_group)         # f: the head's input gradient summed over tp
+        x = self.norm(x)                                     # f, or all-gather: the head sees s/cp tokens
+        x = ops.gather_sequence(x, self.tp_group) if self.sequence_parallel else ops.copy_to(x, self.tp_group)
         return F.linear(x, self.tied_weight())
 
     def loss(self, logits, targets):

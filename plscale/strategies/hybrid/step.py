@@ -19,7 +19,8 @@
     4. optimizer  torch's AdamW with the run's DeepSpeed config values (plscale/rank/optim.py)
 
 tp ranks need no gradient sum: each holds other shards, and the replicated norms see the whole
-residual stream (no sequence parallelism), so their gradients are already equal over tp.
+residual stream, so their gradients are already equal over tp (under sequence parallelism
+each sees its own tokens, and a hook of the stage's sums them over tp in backward).
 
     step = HybridStep(stage, mesh, ds_config)
     loss = step(micro_batches)       # m (tokens, targets) pairs of this rank's columns (s/cp)
@@ -54,7 +55,8 @@ class HybridStep:
         self.ops.append(Op(self.s, kind, micro, start, end, self.s))
 
     def __call__(self, micro_batches) -> float:
-        micro, local = micro_batches[0][0].shape
+        micro, local = micro_batches[0][0].shape          # s/cp tokens; s/(cp t) cross under sp
+        local //= self.stage.t if self.stage.sequence_parallel else 1
         links = StageLinks(self.mesh.ranks("pp"), self.mesh.rank, self.mesh.group("pp"),
                            (micro, local, self.stage.config.hidden), torch.float32, self.device, self._record)
         run = Schedule(self.stage, links, self.stage.loss, self.s == 0, self.s == self.p - 1, self._record)
