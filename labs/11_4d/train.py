@@ -110,7 +110,8 @@ steps = S["train"]["steps"]
 census = min(1, steps - 1)  # the collectives of one step after the first, counted as they run
 losses, times = [], []
 for step in range(steps):
-    ops.TALLY.reset(), ring.TALLY.reset()
+    ops.TALLY.reset()   # tp's collectives
+    ring.TALLY.reset()  # cp's ring
     t0 = time.perf_counter()
     losses.append(train_step(my_columns(step)))
     times.append(time.perf_counter() - t0)
