@@ -93,6 +93,28 @@ def test_bytes_per_step_are_what_a_real_run_moved():
     assert nbytes / 2**20 == pytest.approx(9.006, abs=0.0005)
 
 
+def test_a_pipeline_stage_issues_its_layers_and_its_ends_only():
+    # Lab 11: a stage of 2 of small's 4 layers, s/cp = 64 tokens, 2 micro-batches, fp32:
+    # a = 4*64*256*4 = 262,144 bytes. The first stage adds the embedding's g, the last the head's f
+    # and the loss's 3 vectors of 4*64 fp32 (1,024 bytes); a middle one only its layers' 2 + 2.
+    kw = dict(seq=64, micro_batch=4, precision="fp32", micro_batches=2, layers=2)
+    first = collectives(SMALL, 2, embedding=True, head=False, **kw)
+    middle = collectives(SMALL, 2, embedding=False, head=False, **kw)
+    last = collectives(SMALL, 2, embedding=False, head=True, **kw)
+    assert count(first, "all_reduce", "forward") == 10 and count(first, "all_reduce", "backward") == 8
+    assert count(middle, "all_reduce", "forward") == 8 and count(middle, "all_reduce", "backward") == 8
+    assert count(last, "all_reduce", "forward") == 14 and count(last, "all_reduce", "backward") == 10
+    assert totals(middle) == {"all_reduce": (16, 16 * 262_144)}
+    assert totals(last) == {"all_reduce": (24, 18 * 262_144 + 6 * 1_024)}
+    # with sequence parallelism (Korthikanti et al. 2022, 4.2.2) each of those all-reduces is an all-gather
+    # and a reduce-scatter, and each norm's gradient (h fp32 = 1,024 bytes) is summed: 2 a layer, 1 the final norm
+    sp_middle = totals(collectives(SMALL, 2, sp=True, embedding=False, head=False, **kw))
+    assert sp_middle == {"all_gather": (16, 16 * 262_144), "reduce_scatter": (16, 16 * 262_144),
+                         "all_reduce": (8, 8 * 1_024)}
+    sp_last = totals(collectives(SMALL, 2, sp=True, embedding=False, head=True, **kw))
+    assert sp_last["all_reduce"] == (10 + 6, 10 * 1_024 + 6 * 1_024)   # the norms' 10, the loss's 3 x 2
+
+
 def test_sp_replaces_each_all_reduce_by_reduce_scatter_and_all_gather():
     # Korthikanti et al. 2022, section 4.2.2: with sequence parallelism a layer's 4 all-reduces (2
     # each way) become 4 all-gathers and 4 reduce-scatters, "the same" communication volume (an

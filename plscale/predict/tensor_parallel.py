@@ -91,8 +91,13 @@ class Collective:
 
 
 def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: str,
-                sp: bool = False, micro_batches: int = 1) -> list[Collective]:
-    """What one rank issues in its TP group per optimizer step (micro_batches passes)."""
+                sp: bool = False, micro_batches: int = 1, layers: int | None = None,
+                embedding: bool = True, head: bool = True) -> list[Collective]:
+    """What one rank issues in its TP group per optimizer step (micro_batches passes).
+
+    A pipeline stage (lab 11) holds `layers` of the decoder layers (default: all), the
+    embedding on the first stage only and the final norm, head and loss on the last only;
+    `seq` is the tokens each rank runs (s / cp with context parallelism)."""
     check_divisible(c, tp)
     if precision not in ELEMENT_BYTES:
         raise PredictionError("precision", precision, ": use fp32, bf16 or fp16.")
@@ -106,17 +111,18 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
                                           f"with {{sp}}.")
     if tp == 1:
         return []
-    L, m = c.layers, micro_batches
+    L, m = c.layers if layers is None else layers, micro_batches
     a = micro_batch * seq * c.hidden * ELEMENT_BYTES[precision]
     logits = micro_batch * seq * 4
     ce = Collective("all_reduce", "forward", "cross-entropy (max, sum of exp, target logit)", 3 * m, logits)
     if not sp:
-        return [Collective("all_reduce", "forward", "embedding (vocab-parallel)", m, a),
+        rows = [Collective("all_reduce", "forward", "embedding (vocab-parallel)", m, a),
                 Collective("all_reduce", "forward", "layers (g after attention and after MLP)", 2 * L * m, a),
                 ce,
                 Collective("all_reduce", "backward", "head input (f)", m, a),
                 Collective("all_reduce", "backward", "layers (f before attention and before MLP)", 2 * L * m, a)]
-    return [Collective("reduce_scatter", "forward", "embedding (vocab-parallel, to sequence shards)", m, a),
+        return [r for r in rows if _on_stage(r, embedding, head) and r.calls]
+    rows = [Collective("reduce_scatter", "forward", "embedding (vocab-parallel, to sequence shards)", m, a),
             Collective("all_gather", "forward", "layers (before attention and before MLP)", 2 * L * m, a),
             Collective("reduce_scatter", "forward", "layers (after attention and after MLP)", 2 * L * m, a),
             Collective("all_gather", "forward", "head input", m, a),
@@ -125,8 +131,16 @@ def collectives(c: ModelConfig, tp: int, seq: int, micro_batch: int, precision: 
             Collective("reduce_scatter", "backward", "layers (before attention and before MLP)", 2 * L * m, a),
             Collective("all_gather", "backward", "layers (after attention and after MLP)", 2 * L * m, a),
             Collective("all_gather", "backward", "embedding", m, a),
-            Collective("all_reduce", "backward", "replicated norm weights' gradients", (2 * L + 1) * m,
+            Collective("all_reduce", "backward", "replicated norm weights' gradients", (2 * L + head) * m,
                        c.hidden * ELEMENT_BYTES[precision])]
+    return [r for r in rows if _on_stage(r, embedding, head) and r.calls]
+
+
+def _on_stage(row: Collective, embedding: bool, head: bool) -> bool:
+    """Whether a stage holding (or not) the embedding and the head issues this row."""
+    if row.where.startswith("embedding"):
+        return embedding
+    return head or not row.where.startswith(("head", "cross-entropy"))
 
 
 def totals(rows: list[Collective]) -> dict[str, tuple[int, int]]:

@@ -9,6 +9,7 @@
     recompute/         activation recomputation on the Llama: selective, full         lab 09
     precision/         fp16's loss scaling, fp8's casts                               lab 09
     checkpoint/        basic, incremental, async and multi-level checkpoints; faults  lab 06
+    hybrid/            tp x cp layers in pipeline stages, 1F1B, one dp-cp reduce    lab 11
 
 ZeRO (lab 04) is DeepSpeed's own: the lab configures it (plscale/dsconfig) and measures it; the
 graded exercise plscale/exercises/zero1 has a student write ZeRO-1 by hand.

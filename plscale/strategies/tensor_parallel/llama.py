@@ -50,8 +50,12 @@ class ParallelAttention(nn.Module):
         q, k, v = (y.reshape(b, s, -1, self.head_dim).transpose(1, 2) for y in (q, k, v))
         v = v.contiguous()  # attention then saves v alone, not the whole fused q|k|v output it views
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))   # g (or reduce-scatter)
+        return self.o_proj(self.attend(q, k, v).transpose(1, 2).reshape(b, s, -1))   # g (or reduce-scatter)
+
+    def attend(self, q, k, v):
+        """Causal attention of this rank's heads, q [b, heads/t, s, d] over k, v [b, kv_heads/t, s, d]:
+        the core a composed layer replaces (ring attention over a context-parallel group, lab 11)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
 
 
 class ParallelMLP(nn.Module):

@@ -1,0 +1,227 @@
+"""Lab 11: 4D parallelism. One Llama split by data, tensor, pipeline and context parallelism at once.
+
+The world's ranks form a 4D mesh in Megatron's order, tp-cp-dp-pp: tp neighbours fastest
+(each layer's weights split across them), then cp (each sequence's tokens split across them),
+then dp (replicas that read other batches), pp slowest (the pipeline's stages). Each rank holds
+one stage's layers (pp), a t-th of each of their weight matrices (tp), and s/cp tokens of each
+sequence (cp); its replica's micro-batches flow through the stages by 1F1B. After the schedule
+the tied embedding and head sum their gradients over the first and last stage, and one
+all-reduce over dp x cp sums the context shares and averages the replicas; then AdamW.
+
+Every piece is one the earlier labs built and checked alone (07: tensor-parallel layers, 08:
+ring attention, 05: the 1F1B schedule, 02: data parallel); here they run together, and the
+lab checks the whole against the dense model on one rank: every step's loss, and every rank's
+shard after the first step.
+
+    plscale lab run 4d --gpus 8              (dp2-tp2-pp2; tp2-pp2-cp2, dp2-tp2-cp2)
+    torchrun --nproc_per_node 8 labs/11_4d/train.py --variant tp2-pp2-cp2
+"""
+
+import copy
+import statistics
+import time
+
+import torch
+
+from plscale.charts import plots, timeline
+from plscale.predict import context_parallel as cp_predict, pipeline as plan, tensor_parallel as tp_predict
+from plscale.predict.presets import param_count, preset
+from plscale.predict.units import MiB
+from plscale.rank import runtime
+from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
+from plscale.rank.data import wikitext
+from plscale.rank.distributed import gathered
+from plscale.rank.mesh import Mesh
+from plscale.rank.metrics import figure
+from plscale.rank.models.llama import Llama
+from plscale.strategies.context_parallel import ring_attention as ring
+from plscale.strategies.context_parallel.llama import split_batch
+from plscale.strategies.hybrid.stage import HybridStage
+from plscale.strategies.hybrid.step import HybridStep
+from plscale.strategies.tensor_parallel import operators as ops
+
+ctx = runtime.start(__file__)
+S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
+TP, PP, CP = (S["parallel"].get(k, 1) for k in ("tp", "pp", "cp"))
+seq, seed, split, SP = S["model"]["seq"], S["seed"], S["cp"]["split"], S["tp"]["sequence_parallel"]
+micro, m = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+
+# ---- The mesh: Megatron's order, tp fastest, then cp, dp, and pp slowest ---------------------
+# rank = tp_i + tp (cp_i + cp (dp_i + dp pp_i)): tp's all-reduces (every layer) stay between
+# neighbouring ranks, one node's fast links; pp's activations (one tensor per micro-batch and
+# stage boundary) cross between the farthest, the links between nodes.
+mesh = Mesh.build(tp=TP, pp=PP, cp=CP, dims=("tp", "cp", "dp", "dp-cp", "pp"))
+dp, replica, stage_id, me_cp = mesh.size("dp"), mesh.rank_in("dp"), mesh.rank_in("pp"), mesh.rank_in("cp")
+layout = mesh.layout
+ctx.log(f"mesh: {layout} (dp {dp})\n"
+        f"  tp groups {layout.groups('tp')}   each weight matrix split; all-reduce per layer\n"
+        f"  cp groups {layout.groups('cp')}   each sequence split; k/v round a ring\n"
+        f"  dp groups {layout.groups('dp')}   the same shards, other batches\n"
+        f"  pp groups {layout.groups('pp')}   one stage each; activations forward, gradients back\n"
+        f"  gradient groups (dp x cp) {layout.groups('dp-cp')}   one all-reduce: summed over cp, averaged over dp")
+if ctx.is_main:
+    plots.mesh_grid(layout, ctx.run_dir / "mesh.png")
+
+# ---- Data: every rank of a replica reads its micro-batches, then keeps its cp columns --------
+corpus = wikitext.load_text()
+tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
+vocab = -(-tokens.vocab // TP) * TP  # the vocabulary padded to a multiple of tp, as Megatron does
+config = preset(S["model"]["preset"]).with_vocab(vocab)
+blocks = wikitext.pack(tokens.train, seq)
+batch = wikitext.replica_batches(blocks, micro, m, seed, dev, dp, replica)  # batch(step, replica=mine)
+
+
+def my_columns(step: int) -> list:
+    """This replica's m micro-batches of the step, cut to this rank's s/cp tokens (zig-zag)."""
+    return [split_batch(x, y, CP, me_cp, split) for x, y in batch(step)]
+
+
+ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, vocabulary {tokens.vocab}"
+        f"{f' padded to {vocab}' if vocab != tokens.vocab else ''}; per step {dp} replica(s) x {m} micro-batches "
+        f"of {micro} x {seq} tokens, each rank {seq // CP} of every sequence")
+
+# ---- The model: the dense Llama, drawn alike on every rank; each keeps its stage's shards ------
+torch.manual_seed(seed)
+dense = Llama(config)
+initial = copy.deepcopy(dense.state_dict())
+if S["pipeline"]["engine"] == "deepspeed":  # the same layers in DeepSpeed's PipelineModule and schedule
+    from plscale.strategies.hybrid.deepspeed_pipe import DeepSpeedHybrid
+    train_step = DeepSpeedHybrid(config, mesh, ds, split)
+    model, load_dense = train_step.module, train_step.load_dense
+    holds = f"pieces {model._local_start} .. {model._local_stop - 1} (0 embedding, 1 .. L layers, L + 1 norm, L + 2 head)"
+else:
+    model = HybridStage(config, mesh, stage_id, PP, split, sequence_parallel=SP).to(dev)
+    train_step, load_dense = HybridStep(model, mesh, ds), model.load_dense
+    holds = (f"layers {list(model.layer_ids)}{' + embedding' if model.first else ''}"
+             f"{' + norm, tied head' if model.last else ''}")
+load_dense(dense)
+mine = sum(p.numel() for p in model.parameters())
+held = gathered(mine)
+ctx.log(f"\nmodel: Llama-shaped {S['model']['preset']!r}, {param_count(config):,} parameters; stage {stage_id} of {PP} "
+        f"holds {holds}, split over tp {TP}: {mine:,} on this rank ({S['pipeline']['engine']} engine)")
+if ctx.is_main:
+    ctx.log("  parameters per rank: " + ", ".join(f"r{r} {n:,}" for r, n in enumerate(held)))
+if S["pipeline"]["engine"] == "deepspeed":  # DeepSpeed built its own groups: they must be the mesh's
+    same = all(gathered(train_step.groups == {"pp": mesh.ranks("pp"), "dp-cp": mesh.ranks("dp-cp")}))
+    ctx.check("DeepSpeed's groups are the mesh's", same, "its pipe and data groups are pp and dp x cp on every rank")
+
+# ---- Training: 1F1B over the stages; tied sum; one all-reduce over dp x cp; AdamW ------------
+steps = S["train"]["steps"]
+census = min(1, steps - 1)  # the collectives of one step after the first, counted as they run
+losses, times = [], []
+for step in range(steps):
+    ops.TALLY.reset()   # tp's collectives
+    ring.TALLY.reset()  # cp's ring
+    t0 = time.perf_counter()
+    losses.append(train_step(my_columns(step)))
+    times.append(time.perf_counter() - t0)
+    if step == census:
+        tp_sent, ring_sent = ops.TALLY.rows(), {k: v["sent_bytes"] for k, v in ring.TALLY.rows().items()}
+    if step == 0:  # kept for the parameter check below
+        after_first = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
+                     tokens_per_s=micro * m * dp * seq / times[-1])
+    ctx.metrics.progress(f"dp {dp} x tp {TP}{' + sp' if SP else ''} x pp {PP} x cp {CP}", step + 1, steps,
+                         f"loss {losses[-1]:.4f}")
+
+# ---- Collectives per step on every rank, by dimension, against the predictions ------------------
+# tp: Megatron's all-reduces for this stage's layers (and its embedding, or head and loss) at s/cp
+# tokens (plscale estimate tp); cp: the k/v blocks ring attention sends, of this rank's kv_heads/t
+# heads (plscale estimate cp). Every rank counts its own, rank 0 compares them all.
+per_stage, first, last = config.layers // PP, stage_id == 0, stage_id == PP - 1
+tp_want = tp_predict.by_op_phase(tp_predict.collectives(config, TP, seq // CP, micro, "fp32", sp=SP, micro_batches=m,
+                                                        layers=per_stage, embedding=first, head=last))
+block = cp_predict.ring_bytes(micro, seq, CP, config.kv_heads // TP, config.head_dim, 4)
+ring_want = {"forward": block.forward * per_stage * m, "backward": block.backward * per_stage * m}
+counts = gathered((tp_sent, tp_want, ring_sent, ring_want))
+if ctx.is_main:
+    ctx.log(f"\ncollectives per step (step {census}), measured/predicted: tp calls and MiB by op and phase; "
+            f"cp: MiB of k/v (and dk/dv) ring attention sent")
+    for r, (got, want, ring_got, ring_exp) in enumerate(counts):
+        tp_text = ", ".join(f"{o} {ph} {got.get((o, ph), (0, 0))[0]}/{c} calls {got.get((o, ph), (0, 0))[1] / MiB:.3f}/"
+                            f"{b / MiB:.3f} MiB" for (o, ph), (c, b) in want.items())
+        ctx.log(f"  r{r}  tp: {tp_text or '-'};  cp: {sum(ring_got.values()) / MiB:.3f}/{sum(ring_exp.values()) / MiB:.3f}")
+    if TP > 1:
+        ctx.check("tp collectives per step as predicted, every rank", all(c[0] == c[1] for c in counts),
+                  f"{sum(n for c in counts for n, _ in c[0].values())} calls measured on {len(counts)} ranks, "
+                  f"{sum(n for c in counts for n, _ in c[1].values())} predicted")
+    if CP > 1:
+        ctx.check("ring attention's bytes per step as predicted, every rank", all(c[2] == c[3] for c in counts),
+                  f"{sum(sum(c[2].values()) for c in counts) / MiB:.2f} MiB measured on {len(counts)} ranks, "
+                  f"{sum(sum(c[3].values()) for c in counts) / MiB:.2f} MiB predicted")
+
+# ---- Where the last step's time went, and the bubble against (p-1)/(m+p-1) (plscale's engine) ----
+# forward + backward hold tp's all-reduces and cp's ring; send/recv holds the waits for a neighbour
+figures = []
+if S["pipeline"]["engine"] == "plscale":
+    def took(*kinds):
+        return sum(o.end - o.start for o in train_step.ops if o.kind in kinds)
+
+    parts = {"forward + backward": took("F", "B"), "pipeline send/recv": took("send", "recv"),
+             "gradient all-reduces": train_step.seconds["gradient all-reduces"],
+             "optimizer": train_step.seconds["optimizer"]}
+    parts["rest (loss, data)"] = times[-1] - sum(parts.values())
+    in_first = mesh.rank in layout.groups("pp")[0]  # the pipeline of rank 0, drawn as a timeline
+    timed = gathered((parts, [o.to_dict() for o in train_step.ops] if in_first else []))
+    if ctx.is_main:
+        ctx.log(f"\nthe last step's time by part, ms (on 2 shared cores the ranks take turns: read the shares)")
+        ctx.log("  rank " + "".join(f"{k:>22}" for k in parts))
+        for r, (split_ms, _) in enumerate(timed):
+            ctx.log(f"  r{r:<4}" + "".join(f"{1e3 * v:22.1f}" for v in split_ms.values()))
+        measured_ops = [plan.Op(**o) for _, ops_ in timed for o in ops_]
+        bubble, theory = plan.bubble_of(measured_ops), plan.bubble_fraction(PP, m)
+        timeline.draw_pair(ctx.run_dir / "timeline.png", measured_ops, plan.simulate("1f1b", PP, m),
+                           f"measured: 1F1B, p={PP}, m={m}, pipeline {layout.groups('pp')[0]}, step {steps - 1}: "
+                           f"bubble {100 * bubble:.1f}%", f"planned: bubble {100 * theory:.1f}% with backward = 2 forwards")
+        figures.append(figure(f"bubble at m={m}", round(100 * bubble, 1), "%", round(100 * theory, 1),
+                              "idle share of the last step, rank 0's pipeline; (p-1)/(m+p-1)"))
+
+# ---- Parity 1: the loss, step by step, against the dense model on every replica's batches ------
+parity = min(S["train"]["parity_steps"], steps)
+loss_gap = 0.0
+if ctx.is_main:
+    reference = Llama(config).to(dev)
+    reference.load_state_dict(initial)
+    want = reference_losses(reference, ds, every_replica(batch, dp), parity)
+    loss_gap = largest_gap(losses, want)
+    ctx.log("\nloss, 4D vs dense: " + step_by_step(losses, want))
+    ctx.check(*follows("the 4D model follows the dense model's loss", losses, want))
+
+# ---- Parity 2: every rank's shard after the first step, against the dense model's slice -------
+# Each rank trains its own dense copy one step on all the batches, loads the slice it should
+# hold into its model (training is over) and compares: no gathers of weights. The gap is measured
+# in units of the learning rate: AdamW's first step moves a weight by lr g/(|g| + eps), so where a
+# gradient is as small as eps (1e-8) its rounding (another order of the same sums) shows.
+lr = ds["optimizer"]["params"]["lr"]
+reference = Llama(config).to(dev)
+reference.load_state_dict(initial)
+reference_losses(reference, ds, every_replica(batch, dp), 1)
+load_dense(reference)
+diffs = {name: (after_first[name] - p).abs() / lr for name, p in model.named_parameters()}
+worst_name = max(diffs, key=lambda n: diffs[n].max())
+over = sum(int((d > 1e-3).sum()) for d in diffs.values())
+everyone = gathered((diffs[worst_name].max().item(), worst_name, over, mine))
+param_tolerance = S["train"]["param_tolerance"]
+if ctx.is_main:
+    rank, (param_gap, name, _, _) = max(enumerate(everyone), key=lambda r: r[1][0])
+    ctx.log(f"\nparameters after step 1, each rank's shard against the dense model's slice, in units of lr {lr:g}: "
+            f"largest gap {param_gap:.2e} lr (rank {rank}, {name}); per rank: "
+            + ", ".join(f"{g:.1e}" for g, *_ in everyone)
+            + f"\n  weights off by more than 1e-3 lr: {sum(e[2] for e in everyone)} of {sum(e[3] for e in everyone):,}"
+              f" (gradients near eps, where Adam's first step g/(|g| + eps) shows their rounding)")
+    ctx.check("every rank's shard equals the dense model's slice after the first step", param_gap <= param_tolerance,
+              f"largest gap {param_gap:.2e} lr on rank {rank} ({name}); tolerance {param_tolerance:g} lr")
+    warm = times[1:] or times
+    step_s = statistics.median(warm)
+    figures += [figure("final loss", round(losses[-1], 4), "nats"),
+                figure("step time", round(step_s, 4), "s", None, "median of the steps after the first"),
+                figure("throughput", round(micro * m * dp * seq / step_s, 1), "tokens/s", None, "all replicas"),
+                figure("largest loss gap", float(f"{loss_gap:.3g}"), "relative", None,
+                       f"against the dense model, {parity} steps"),
+                figure("largest parameter gap", float(f"{param_gap:.3g}"), "lr", None,
+                       "every rank's shard after step 1, against the dense model's slice")]
+    ctx.log("\nmesh.png: the ranks of this run's mesh, one panel per pipeline stage; timeline.png: one step")
+ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, dp=dp, tp=TP, pp=PP, cp=CP,
+           engine=S["pipeline"]["engine"], sequence_parallel=SP,
+           vocab=vocab, micro_batches=m, micro_batch=micro, seq=seq, losses=losses, params_per_rank=held,
+           loss_gap=loss_gap, param_gaps=[g for g, *_ in everyone])

@@ -1,0 +1,86 @@
+"""Lab 11 end to end through the real CLI on 8 CPU ranks: one Llama split by dp x tp x pp x cp at
+once follows the dense model's loss step by step, and every rank's shard after the first step
+is the dense model's slice after its first step. Bad input is refused in one line before launch."""
+
+import pytest
+
+from conftest import load_summary
+
+
+def run_lab(cli, variant: str, *extra) -> tuple[dict, object]:
+    out = cli("lab", "run", "4d", "--variant", variant, "--gpus", "8", "--cpu", "--steps", "2", *extra)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = sorted(p for p in cli.runs.iterdir() if p.name.endswith(f"4d-{variant}"))[-1]
+    assert (run_dir / "mesh.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return load_summary(run_dir), out
+
+
+def assert_follows_dense(s: dict) -> None:
+    assert s["passed"], s["checks"]
+    names = {c["name"] for c in s["checks"]}
+    assert {"the 4D model follows the dense model's loss",
+            "every rank's shard equals the dense model's slice after the first step",
+            "tp collectives per step as predicted, every rank"} <= names, names
+    assert ("ring attention's bytes per step as predicted, every rank" in names) == (s["cp"] > 1), names
+    assert len(s["losses"]) == 2
+    assert s["loss_gap"] < 1e-6          # measured: 6e-8 (float32 sums in another order)
+    assert len(s["param_gaps"]) == 8 and max(s["param_gaps"]) < 0.05   # in learning rates; measured <= 1.6e-2
+
+
+@pytest.mark.e2e
+def test_data_tensor_pipeline_follows_the_dense_model(cli):
+    s, out = run_lab(cli, "dp2-tp2-pp2")
+    assert_follows_dense(s)
+    assert (s["dp"], s["tp"], s["pp"], s["cp"]) == (2, 2, 2, 1)
+    # Megatron's order, tp fastest then cp, dp, pp: tp neighbours, pp the farthest apart
+    assert "tp groups [[0, 1], [2, 3], [4, 5], [6, 7]]" in out.stdout
+    assert "dp groups [[0, 2], [1, 3], [4, 6], [5, 7]]" in out.stdout
+    assert "pp groups [[0, 4], [1, 5], [2, 6], [3, 7]]" in out.stdout
+    # stage 1 holds the last layer, the norm and its copy of the tied head's shard (vocab / tp rows)
+    first, last = s["params_per_rank"][0], s["params_per_rank"][4]
+    assert last - first == 128   # the final norm's weights; the embedding and the head shard weigh the same
+    # the last step's timeline and its bubble beside (p-1)/(m+p-1) = 1/5 (timings vary: only the prediction is fixed)
+    run_dir = sorted(p for p in cli.runs.iterdir() if p.name.endswith("4d-dp2-tp2-pp2"))[-1]
+    assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bubble = next(f for f in s["figures"] if f["name"] == "bubble at m=4")
+    assert bubble["predicted"] == 20.0 and 0 <= bubble["value"] < 100
+
+
+@pytest.mark.e2e
+def test_tensor_pipeline_context_follows_the_dense_model_by_both_engines_and_with_sp(cli):
+    s, out = run_lab(cli, "tp2-pp2-cp2")
+    assert_follows_dense(s)
+    assert (s["dp"], s["tp"], s["pp"], s["cp"], s["engine"]) == (1, 2, 2, 2, "plscale")
+    assert "cp groups [[0, 2], [1, 3], [4, 6], [5, 7]]" in out.stdout
+    # the same layers in DeepSpeed's PipelineModule: its data axis is dp x cp, its groups the mesh's
+    d, _ = run_lab(cli, "deepspeed-tp2-pp2-cp2")
+    assert d["passed"], d["checks"]
+    assert "DeepSpeed's groups are the mesh's" in {c["name"] for c in d["checks"]}
+    assert d["engine"] == "deepspeed" and d["loss_gap"] < 1e-6 and max(d["param_gaps"]) < 0.05
+    assert d["losses"] == pytest.approx(s["losses"], rel=1e-6)   # same batches, same weights, another schedule
+    # with sequence parallelism inside the tp groups: all-gathers and reduce-scatters, the same model
+    q, _ = run_lab(cli, "tp2-pp2-cp2-sp")
+    assert_follows_dense(q)
+    assert q["sequence_parallel"] and q["losses"] == pytest.approx(s["losses"], rel=1e-6)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "parallel.tp=4", "--set", "parallel.pp=4"], "world size 8 is not a multiple of tp 4 x pp 4 x cp 1"),
+    (["--set", "parallel.tp=8", "--set", "parallel.pp=1"], "parallel.tp 8: heads 4 of preset 'tiny' is not divisible"),
+    (["--set", "parallel.tp=2", "--set", "parallel.pp=4"], "parallel.pp 4: preset 'tiny' has 2 layers"),
+    (["--variant", "tp2-pp2-cp2", "--set", "model.seq=30"], "model.seq 30 does not cut into 2 x cp = 4 chunks"),
+    (["--set", "ds.grad_accum=1"], "ds.grad_accum 1: 1F1B needs at least as many micro-batches"),
+    (["--set", "model.preset=7b"], "untied head"),
+    (["--set", "ds.stage=2"], "ds.stage 2"),
+    (["--variant", "tp2-pp2-cp2-sp", "--set", "parallel.tp=4", "--set", "parallel.cp=1", "--set", "model.seq=34"],
+     "model.seq 34: each rank's 34 tokens (seq / cp) do not split over tp 4"),
+    (["--gpus", "4"], "runs with 8, 16 ranks, not 4"),
+])
+def test_bad_input_is_refused_before_launch(quick_cli, args, message):
+    cli = quick_cli
+    out = cli("lab", "run", "4d", "--cpu", *args)
+    assert out.returncode == 2, out.stdout + out.stderr
+    text = (out.stderr + out.stdout).strip()
+    assert message in text
+    assert len([line for line in text.splitlines() if line.strip()]) == 1, text
+    assert not cli.runs.exists() or not any(cli.runs.iterdir())
