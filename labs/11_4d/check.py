@@ -59,6 +59,6 @@ def check(settings: dict, topology) -> None:
     if ds["precision"] != "fp32" or ds["grad_clip"]:
         raise UserError("Keep ds.precision=fp32 and ds.grad_clip=0: the lab compares the 4D model with the dense "
                         "one step by step.")
-    if ds["stage"]:
-        raise UserError(f"ds.stage {ds['stage']}: the 4D lab steps torch's AdamW itself, unsharded (ZeRO over the "
-                        f"dp group is not written here yet); use ds.stage=0.")
+    if ds["stage"] not in (0, 1):
+        raise UserError(f"ds.stage {ds['stage']}: the 4D lab shards the optimizer states over dp x cp (ZeRO-1) or "
+                        f"not at all; use ds.stage=1 or ds.stage=0.")

@@ -5,8 +5,9 @@ The world's ranks form a 4D mesh in Megatron's order, tp-cp-dp-pp: tp neighbours
 then dp (replicas that read other batches), pp slowest (the pipeline's stages). Each rank holds
 one stage's layers (pp), a t-th of each of their weight matrices (tp), and s/cp tokens of each
 sequence (cp); its replica's micro-batches flow through the stages by 1F1B. After the schedule
-the tied embedding and head sum their gradients over the first and last stage, and one
-all-reduce over dp x cp sums the context shares and averages the replicas; then AdamW.
+the tied embedding and head sum their gradients over the first and last stage, and dp x cp sums
+the context shares and averages the replicas: ZeRO-1 (ds.stage 1) reduce-scatters, steps AdamW
+on each rank's 1/(dp cp) and all-gathers; ds.stage 0 all-reduces, then AdamW on every rank.
 
 Every piece is one the earlier labs built and checked alone (07: tensor-parallel layers, 08:
 ring attention, 05: the 1F1B schedule, 02: data parallel); here they run together, and the
@@ -20,15 +21,17 @@ shard after the first step.
 import copy
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from plscale.charts import plots, timeline
-from plscale.predict import context_parallel as cp_predict, pipeline as plan, tensor_parallel as tp_predict
+from plscale.predict import context_parallel as cp_predict, hybrid, memory, pipeline as plan, tensor_parallel as tp_predict
 from plscale.predict.presets import param_count, preset
 from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
+from plscale.rank.against_prediction import memory_table, per_rank, per_rank_counts, within
 from plscale.rank.data import wikitext
 from plscale.rank.distributed import gathered
 from plscale.rank.mesh import Mesh
@@ -44,7 +47,7 @@ ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
 TP, PP, CP = (S["parallel"].get(k, 1) for k in ("tp", "pp", "cp"))
 seq, seed, split, SP = S["model"]["seq"], S["seed"], S["cp"]["split"], S["tp"]["sequence_parallel"]
-micro, m = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
+micro, m, ZERO = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"], S["ds"]["stage"]
 
 # ---- The mesh: Megatron's order, tp fastest, then cp, dp, and pp slowest ---------------------
 # rank = tp_i + tp (cp_i + cp (dp_i + dp pp_i)): tp's all-reduces (every layer) stay between
@@ -91,32 +94,35 @@ if S["pipeline"]["engine"] == "deepspeed":  # the same layers in DeepSpeed's Pip
     holds = f"pieces {model._local_start} .. {model._local_stop - 1} (0 embedding, 1 .. L layers, L + 1 norm, L + 2 head)"
 else:
     model = HybridStage(config, mesh, stage_id, PP, split, sequence_parallel=SP).to(dev)
-    train_step, load_dense = HybridStep(model, mesh, ds), model.load_dense
+    train_step, load_dense = HybridStep(model, mesh, ds, ZERO), model.load_dense
     holds = (f"layers {list(model.layer_ids)}{' + embedding' if model.first else ''}"
              f"{' + norm, tied head' if model.last else ''}")
 load_dense(dense)
 mine = sum(p.numel() for p in model.parameters())
 held = gathered(mine)
 ctx.log(f"\nmodel: Llama-shaped {S['model']['preset']!r}, {param_count(config):,} parameters; stage {stage_id} of {PP} "
-        f"holds {holds}, split over tp {TP}: {mine:,} on this rank ({S['pipeline']['engine']} engine)")
+        f"holds {holds}, split over tp {TP}: {mine:,} on this rank ({S['pipeline']['engine']} engine, ZeRO-{ZERO} "
+        f"over dp x cp)")
 if ctx.is_main:
     ctx.log("  parameters per rank: " + ", ".join(f"r{r} {n:,}" for r, n in enumerate(held)))
 if S["pipeline"]["engine"] == "deepspeed":  # DeepSpeed built its own groups: they must be the mesh's
     same = all(gathered(train_step.groups == {"pp": mesh.ranks("pp"), "dp-cp": mesh.ranks("dp-cp")}))
     ctx.check("DeepSpeed's groups are the mesh's", same, "its pipe and data groups are pp and dp x cp on every rank")
 
-# ---- Training: 1F1B over the stages; tied sum; one all-reduce over dp x cp; AdamW ------------
+# ---- Training: 1F1B over the stages; tied sum; dp x cp: ZeRO-1 (or one all-reduce); AdamW ----
 steps = S["train"]["steps"]
 census = min(1, steps - 1)  # the collectives of one step after the first, counted as they run
 losses, times = [], []
 for step in range(steps):
     ops.TALLY.reset()   # tp's collectives
     ring.TALLY.reset()  # cp's ring
+    train_step.census_next = step == census   # plscale's engine: a census of the states after the backward
     t0 = time.perf_counter()
     losses.append(train_step(my_columns(step)))
     times.append(time.perf_counter() - t0)
     if step == census:
         tp_sent, ring_sent = ops.TALLY.rows(), {k: v["sent_bytes"] for k, v in ring.TALLY.rows().items()}
+        rest_sent = getattr(train_step, "sent", {})
     if step == 0:  # kept for the parameter check below
         after_first = {name: p.detach().clone() for name, p in model.named_parameters()}
     ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
@@ -150,9 +156,26 @@ if ctx.is_main:
                   f"{sum(sum(c[2].values()) for c in counts) / MiB:.2f} MiB measured on {len(counts)} ranks, "
                   f"{sum(sum(c[3].values()) for c in counts) / MiB:.2f} MiB predicted")
 
+# pp's sends, the tied all-reduce, dp x cp's reduction against predict/hybrid.py; the model states (census after
+# the backward: gradients whole, as while micro-batches accumulate) against predict/memory.py's largest stage
+if S["pipeline"]["engine"] == "plscale":
+    rest_want = hybrid.step_collectives(config, TP, PP, stage_id, dp, CP, micro, seq, m, ZERO, SP)
+    setup = replace(memory.setup_from_ds_config(ds, dp * CP, config, seq), tp=TP, pp=PP, cp=CP, sp=SP)
+    predicted = {t.name: t.total for t in memory.estimate(setup).terms if t.name in memory.MODEL_STATES}
+    predicted["model_states"], measured = sum(predicted.values()), gathered((rest_sent, rest_want, train_step.census))
+    if ctx.is_main:
+        ctx.log("\npipeline sends, tied all-reduce, dp x cp gradients, per step: calls and MiB, measured/predicted")
+        ctx.check(*per_rank_counts(ctx.log, "pp sends, tied and dp x cp collectives per step as predicted, every rank",
+                                   [(got, want) for got, want, _ in measured]))
+        rows = per_rank([c for *_, c in measured], (*memory.MODEL_STATES, "model_states"))
+        ctx.log(f"\nmodel states per rank, MiB (census after step {census}'s backward); ZeRO-{ZERO} over dp x cp = {dp * CP}")
+        figures_memory = memory_table(ctx.log, rows, predicted, width=26)[1]
+        ctx.check(*within("model states per rank match the memory model, every term", [
+            (v, predicted[k]) for k in rows if predicted[k] for v in rows[k]], 0.02))
+
 # ---- Where the last step's time went, and the bubble against (p-1)/(m+p-1) (plscale's engine) ----
 # forward + backward hold tp's all-reduces and cp's ring; send/recv holds the waits for a neighbour
-figures = []
+figures = figures_memory if S["pipeline"]["engine"] == "plscale" and ctx.is_main else []
 if S["pipeline"]["engine"] == "plscale":
     def took(*kinds):
         return sum(o.end - o.start for o in train_step.ops if o.kind in kinds)
@@ -164,7 +187,7 @@ if S["pipeline"]["engine"] == "plscale":
     in_first = mesh.rank in layout.groups("pp")[0]  # the pipeline of rank 0, drawn as a timeline
     timed = gathered((parts, [o.to_dict() for o in train_step.ops] if in_first else []))
     if ctx.is_main:
-        ctx.log(f"\nthe last step's time by part, ms (on 2 shared cores the ranks take turns: read the shares)")
+        ctx.log("\nthe last step's time by part, ms (on 2 shared cores the ranks take turns: read the shares)")
         ctx.log("  rank " + "".join(f"{k:>22}" for k in parts))
         for r, (split_ms, _) in enumerate(timed):
             ctx.log(f"  r{r:<4}" + "".join(f"{1e3 * v:22.1f}" for v in split_ms.values()))
@@ -222,6 +245,6 @@ if ctx.is_main:
                        "every rank's shard after step 1, against the dense model's slice")]
     ctx.log("\nmesh.png: the ranks of this run's mesh, one panel per pipeline stage; timeline.png: one step")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, dp=dp, tp=TP, pp=PP, cp=CP,
-           engine=S["pipeline"]["engine"], sequence_parallel=SP,
+           engine=S["pipeline"]["engine"], sequence_parallel=SP, zero_stage=ZERO,
            vocab=vocab, micro_batches=m, micro_batch=micro, seq=seq, losses=losses, params_per_rank=held,
            loss_gap=loss_gap, param_gaps=[g for g, *_ in everyone])

@@ -5,8 +5,10 @@ what each rank measures (`setup_from_ds_config` reads the run's DeepSpeed config
 Setup, plscale.predict.setup: so the lab and the CLI ask the same question).
 
 Model states (Rajbhandari et al., ZeRO, 2020). Ψ parameters on this model-parallel rank
-(Ψ_total / (tp * pp); given a model shape and tp > 1, tensor_parallel.params_per_rank / pp, as
-the norm weights are replicated over the TP group), N data-parallel ranks, p bytes per weight
+(Ψ_total / (tp * pp); given a model shape, tensor_parallel.params_per_rank, as the norm weights
+are replicated over the TP group, and with pp > 1 the largest stage's, tensor_parallel.stage_params:
+the embedding's shard on the first stage, the final norm and the head's on the last, a tied head
+kept there as a copy), N data-parallel ranks, p bytes per weight
 (2 in bf16/fp16, 4 in fp32), K = 12 bytes of optimizer state per parameter (fp32 master 4 +
 Adam m 4 + v 4):
 
@@ -65,10 +67,14 @@ the ranks ZeRO shards over, whatever cp is: give dp x cp.
 from dataclasses import asdict, dataclass, field
 
 from plscale.dsconfig.valid import zero_settings
-from plscale.predict.activations import activation_bytes, activation_formula, rebuilt_bytes
+from plscale.predict.activations import (
+    activation_bytes,
+    activation_formula,
+    rebuilt_bytes,
+)
 from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
 from plscale.predict.setup import Setup
-from plscale.predict.tensor_parallel import params_per_rank
+from plscale.predict.tensor_parallel import params_per_rank, stage_params
 from plscale.predict.units import BYTES, gib
 
 __all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "rank_params",
@@ -138,7 +144,12 @@ class Estimate:
 
 def rank_params(s: Setup) -> float:
     """Ψ, the parameters one model-parallel rank holds: Ψ_total / (tp * pp), or with a shape
-    under tp, tensor_parallel.params_per_rank / pp (exact for pp 1: the norms are replicated)."""
+    under tp, tensor_parallel.params_per_rank (exact: the norms are replicated). With a shape
+    and pp > 1, the largest stage's (tensor_parallel.stage_params): its L/pp layers plus the
+    embedding's shard (first stage) or the final norm and the head's shard (last; a tied head
+    is a copy there), which Ψ_total / pp would spread over every stage."""
+    if s.model is not None and s.pp > 1:
+        return max(stage_params(s.model, s.tp, s.pp, i).total for i in range(s.pp))
     if s.model is not None and s.tp > 1:
         return params_per_rank(s.model, s.tp).total / s.pp
     return s.params / (s.tp * s.pp)
@@ -156,7 +167,7 @@ def estimate(s: Setup) -> Estimate:
 def _paper_terms(s: Setup, psi: float) -> list[Term]:
     p, n = BYTES[s.precision], s.dp
     master = 0 if (s.precision == "fp32" and s.stage == 0) else 4                      # rule 1
-    shard = lambda stage: (n, "/N") if s.stage >= stage else (1, "")  # noqa: E731
+    shard = lambda stage: (n, "/N") if s.stage >= stage else (1, "")
     (np_, fp), (no, fo) = shard(3), shard(1)
     terms = [Term("parameters", p * psi / np_, 0, f"{p}Ψ{fp}"),
              _gradients(s, psi),

@@ -77,6 +77,21 @@ def params_per_rank(c: ModelConfig, tp: int) -> RankParams:
     return RankParams((embeddings + matmuls) // tp, replicated)
 
 
+def stage_params(c: ModelConfig, tp: int, pp: int, index: int) -> RankParams:
+    """Parameters one rank of pipeline stage `index` (of pp) holds, its layers split over tp:
+    L/pp layers (their norms whole), the embedding's vocabulary shard on the first stage, the
+    final norm and the head's shard on the last. A tied head on a last stage that is not also
+    the first is a copy of the embedding's shard (Megatron's, lab 11's: the two copies' gradients
+    are summed), so with pp > 1 a tied model holds its embedding twice over the pipeline.
+    pp 1 gives params_per_rank."""
+    check_divisible(c, tp)
+    h, first, last = c.hidden, index == 0, index == pp - 1
+    table = c.vocab * h // tp
+    heads = (1 if first else 0) + (1 if last and (not c.tie_embeddings or not first) else 0)
+    layers = c.layers // pp
+    return RankParams(heads * table + layers * (layer_params(c) - 2 * h) // tp, (2 * layers + (1 if last else 0)) * h)
+
+
 @dataclass(frozen=True)
 class Collective:
     op: str              # all_reduce, all_gather, reduce_scatter

@@ -79,6 +79,18 @@ def collectives_table(log, measured: dict, predicted: dict, ranks: int) -> float
     return wire
 
 
+def per_rank_counts(log, name: str, everyone) -> Check:
+    """One line per rank of its (op, what) -> (calls, bytes) measured / predicted, MiB; everyone:
+    [(measured, predicted)] by rank. Passes when every rank's equal its prediction."""
+    for r, (got, want) in enumerate(everyone):
+        log(f"  r{r}  " + ";  ".join(f"{op} {what} {got.get((op, what), (0, 0))[0]}/{c} "
+                                     f"{got.get((op, what), (0, 0))[1] / MiB:.3f}/{b / MiB:.3f}"
+                                     for (op, what), (c, b) in want.items()))
+    return Check(name, all(got == want for got, want in everyone),
+                 f"{sum(c for got, _ in everyone for c, _ in got.values())} calls measured on {len(everyone)} ranks, "
+                 f"{sum(c for _, want in everyone for c, _ in want.values())} predicted")
+
+
 def same_collectives(name: str, measured: dict, predicted: dict) -> Check:
     """Passes when every (op, phase) ran as many calls of as many bytes as predicted."""
     return Check(name, measured == predicted,

@@ -18,6 +18,10 @@
                   send the same bytes twice over smaller groups.
     4. optimizer  torch's AdamW with the run's DeepSpeed config values (plscale/rank/optim.py)
 
+With ZeRO-1 (`zero_stage=1`, zero1.py) step 3 becomes a reduce-scatter over dp-cp (each rank
+its 1/N of the flat gradient, N = dp x cp, / dp) and step 4 AdamW on that slice, then an
+all-gather of the parameters: the same bytes on the wire, 12Ψ/N of optimizer state per rank.
+
 tp ranks need no gradient sum: each holds other shards, and the replicated norms see the whole
 residual stream, so their gradients are already equal over tp (under sequence parallelism
 each sees its own tokens, and a hook of the stage's sums them over tp in backward).
@@ -26,6 +30,8 @@ each sees its own tokens, and a hook of the stage's sums them over tp in backwar
     loss = step(micro_batches)       # m (tokens, targets) pairs of this rank's columns (s/cp)
     step.ops                         # the last step's timed forwards, backwards, sends, receives (a timeline)
     step.seconds                     # its time by part: schedule, gradient all-reduces, optimizer
+    step.sent                        # its collectives: (op, what) -> (calls, bytes of each call's tensor)
+    step.census_next = True          # the next step counts its tensors after the backward: step.census
 """
 
 import time
@@ -34,19 +40,26 @@ import torch
 import torch.distributed as dist
 
 from plscale.predict.pipeline import Op
+from plscale.rank.census import census
 from plscale.rank.mesh import Mesh
 from plscale.rank.optim import optimizer
+from plscale.strategies.hybrid.zero1 import Zero1AdamW
 from plscale.strategies.pipeline.p2p import StageLinks
 from plscale.strategies.pipeline.schedules import Schedule
 from plscale.strategies.pipeline.stages import TiedGroups
 
 
 class HybridStep:
-    def __init__(self, stage, mesh: Mesh, ds_config: dict):
-        self.stage, self.mesh = stage, mesh
+    def __init__(self, stage, mesh: Mesh, ds_config: dict, zero_stage: int = 0):
+        self.stage, self.mesh, self.zero_stage = stage, mesh, zero_stage
         self.p, self.s = mesh.size("pp"), mesh.rank_in("pp")
         self.dp = mesh.size("dp")
-        self.optimizer = optimizer(stage.parameters(), ds_config)
+        if zero_stage == 1:
+            self.optimizer = Zero1AdamW(stage.parameters(), mesh.group("dp-cp"), self.dp, ds_config,
+                                        lambda op, nbytes: self._count(op, "dp-cp", nbytes))
+        else:
+            self.optimizer = optimizer(stage.parameters(), ds_config)
+        self.sent, self.census_next, self.census = {}, False, None
         self.tied = TiedGroups.build(mesh, stage.config)  # a collective: every rank builds every group
         self.device = next(stage.parameters()).device
         self.ops, self.seconds = [], {}
@@ -54,14 +67,33 @@ class HybridStep:
     def _record(self, kind, micro, start, end):
         self.ops.append(Op(self.s, kind, micro, start, end, self.s))
 
+    def _count(self, op: str, what: str, nbytes: int) -> None:
+        calls, total = self.sent.get((op, what), (0, 0))
+        self.sent[(op, what)] = (calls + 1, total + nbytes)
+
+    def states(self) -> dict[str, list]:
+        """The model states by role (plscale/rank/census.py): the stage's weights and gradients,
+        and the optimizer's fp32 master and Adam moments (torch's AdamW: moments only)."""
+        params = list(self.stage.parameters())
+        if self.zero_stage == 1:
+            opt = self.optimizer.states()
+        else:
+            opt = {"master": [], "moments": [t for s in self.optimizer.state.values() for t in s.values()
+                                             if torch.is_tensor(t)]}
+        return {"parameters": params, "gradients": [p.grad for p in params if p.grad is not None], **opt}
+
     def __call__(self, micro_batches) -> float:
         micro, local = micro_batches[0][0].shape          # s/cp tokens; s/(cp t) cross under sp
         local //= self.stage.t if self.stage.sequence_parallel else 1
         links = StageLinks(self.mesh.ranks("pp"), self.mesh.rank, self.mesh.group("pp"),
                            (micro, local, self.stage.config.hidden), torch.float32, self.device, self._record)
         run = Schedule(self.stage, links, self.stage.loss, self.s == 0, self.s == self.p - 1, self._record)
-        self.ops, t0 = [], time.perf_counter()
+        self.ops, self.sent, t0 = [], {}, time.perf_counter()
         losses = run.one_f_one_b(micro_batches, self.p, self.s)
+        for (direction, calls, nbytes) in links.sent():
+            self.sent[("send", direction)] = (calls, nbytes)
+        if self.census_next:   # the gradients whole, as while micro-batches accumulate: their peak
+            self.census, self.census_next = census(self.states()), False
         t1 = time.perf_counter()
         self.sync_grads()
         t2 = time.perf_counter()
@@ -79,8 +111,13 @@ class HybridStep:
         tied = self.stage.tied_weight()
         if self.tied.group is not None and tied is not None:
             dist.all_reduce(tied.grad, group=self.tied.group)
+            self._count("all_reduce", "tied", tied.grad.numel() * tied.grad.element_size())
+        if self.zero_stage == 1:   # a reduce-scatter: this rank's slice only (zero1.py)
+            self.optimizer.reduce_gradients()
+            return
         flat = torch.cat([p.grad.reshape(-1) for p in params])
         dist.all_reduce(flat, group=self.mesh.group("dp-cp"))
+        self._count("all_reduce", "dp-cp", flat.numel() * flat.element_size())
         flat /= self.dp
         for p, g in zip(params, flat.split([p.numel() for p in params])):
             p.grad.copy_(g.view_as(p))

@@ -26,6 +26,7 @@ class StageLinks:
         self.next = pipeline_ranks[i + 1] if i + 1 < len(pipeline_ranks) else None
         self.group, self.shape, self.dtype, self.device = group, shape, dtype, device
         self.record = record or (lambda kind, micro, start, end: None)
+        self._sent = {"forward": [0, 0], "backward": [0, 0]}   # activations to next, gradients to prev
 
     def _empty(self):
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
@@ -33,6 +34,10 @@ class StageLinks:
     def _exchange(self, micro: int, send=(), recv=()) -> list:
         """Send (tensor, peer) pairs and receive from peers in one batch; the received tensors."""
         ops = [dist.P2POp(dist.isend, t.contiguous(), peer, self.group) for t, peer in send if peer is not None]
+        for t, peer in send:
+            if peer is not None:
+                count = self._sent["forward" if peer == self.next else "backward"]
+                count[0], count[1] = count[0] + 1, count[1] + t.numel() * t.element_size()
         got = [(self._empty(), peer) for peer in recv if peer is not None]
         ops += [dist.P2POp(dist.irecv, t, peer, self.group) for t, peer in got]
         if not ops:
@@ -42,6 +47,10 @@ class StageLinks:
             request.wait()
         self.record("recv" if got else "send", micro, start, time.perf_counter())
         return [t for t, _ in got] if got else [None] * len(recv)
+
+    def sent(self) -> list[tuple[str, int, int]]:
+        """(direction, sends, bytes) of what this rank sent: activations forward, gradients backward."""
+        return [(d, c, b) for d, (c, b) in self._sent.items() if c]
 
     # forward pass: activations
     def recv_forward(self, micro: int):
