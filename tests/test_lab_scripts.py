@@ -37,6 +37,9 @@ def test_follows_fails_when_the_losses_diverge_and_passes_when_equal():
     assert not failed.ok and failed.name == "parity" and "1.00e-03" in failed.detail
     assert not follows("parity", [2.5, 2.3, 2.0], dense, tolerance=0.01).ok   # 2.2% off
     assert follows("parity", [2.5, 2.3, 2.0], dense, tolerance=0.05).ok
+    nan = float("nan")                                   # a diverged run: max() alone would pass over it
+    assert not follows("parity", [2.5, 2.25, nan], dense).ok and not follows("parity", [nan, 2.25, 2.0], dense).ok
+    assert not follows("parity", [2.5, float("inf"), 2.0], dense, tolerance=1.0).ok
 
 
 def test_within_names_the_worst_rank():

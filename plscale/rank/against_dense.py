@@ -14,6 +14,7 @@ with the same optimizer; the losses must agree step by step.
 `follows` returns a Check, (name, ok, detail), which ctx.check takes as it is.
 """
 
+import math
 from typing import NamedTuple
 
 from plscale.rank.optim import optimizer
@@ -50,8 +51,12 @@ def every_replica(batch, replicas: int):
 
 
 def largest_gap(losses: list[float], want: list[float]) -> float:
-    """The largest relative gap between two loss curves, step by step (over the shorter)."""
-    return max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+    """The largest relative gap between two loss curves, step by step (over the shorter); inf
+    where either is not a finite number (max() would pass over a nan: nan > x is False)."""
+    pairs = list(zip(losses, want))
+    if not all(math.isfinite(a) and math.isfinite(b) for a, b in pairs):
+        return math.inf
+    return max(abs(a - b) / abs(b) for a, b in pairs)
 
 
 def step_by_step(losses: list[float], want: list[float]) -> str:
