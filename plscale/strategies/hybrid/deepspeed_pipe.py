@@ -37,7 +37,7 @@ from plscale.predict.context_parallel import positions
 from plscale.predict.presets import ModelConfig
 from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama import RMSNorm, rope_tables
-from plscale.strategies.hybrid.layer import HybridDecoderLayer, load_layer_shard
+from plscale.strategies.hybrid.layer import HybridDecoderLayer
 from plscale.strategies.tensor_parallel import operators as ops
 from plscale.strategies.tensor_parallel.layers import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
@@ -105,7 +105,7 @@ class DeepSpeedHybrid:
             elif index == L + 1:
                 piece.weight.copy_(dense.norm.weight)
             else:
-                load_layer_shard(piece, dense.layers[index - 1])
+                piece.load_shard(dense.layers[index - 1])
 
     def __call__(self, micro_batches) -> float:
         loss = self.engine.train_batch(data_iter=iter(micro_batches))  # mean over m and dp x cp

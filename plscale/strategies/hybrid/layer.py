@@ -27,7 +27,6 @@ dense Attention has the same hook, which ContextParallelAttention overrides the 
     x = layer(x, cos[index], sin[index])        # index: positions(seq, cp, cp_rank, "zigzag")
 """
 
-import torch
 import torch.distributed as dist
 
 from plscale.predict.context_parallel import positions
@@ -59,16 +58,3 @@ class HybridDecoderLayer(ParallelDecoderLayer):
     def __init__(self, c: ModelConfig, tp_group, cp_group, split: str = "zigzag", sp: bool = False):
         super().__init__(c, tp_group, sp, ColumnParallelLinear, RowParallelLinear)
         self.self_attn = RingParallelAttention(c, tp_group, cp_group, split, sp)
-
-
-@torch.no_grad()
-def load_layer_shard(mine: ParallelDecoderLayer, full) -> None:
-    """This rank's shard of a dense DecoderLayer (plscale/rank/models/llama.py): q|k|v and
-    gate|up by rows, o and down by columns, the norms whole."""
-    a, m = full.self_attn, full.mlp
-    mine.self_attn.qkv.load_shard(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
-    mine.self_attn.o_proj.load_shard(a.o_proj.weight)
-    mine.mlp.gate_up.load_shard(m.gate_proj.weight, m.up_proj.weight)
-    mine.mlp.down_proj.load_shard(m.down_proj.weight)
-    mine.input_layernorm.weight.copy_(full.input_layernorm.weight)
-    mine.post_attention_layernorm.weight.copy_(full.post_attention_layernorm.weight)

@@ -39,7 +39,7 @@ from plscale.predict.context_parallel import positions
 from plscale.predict.presets import ModelConfig
 from plscale.rank.mesh import Mesh
 from plscale.rank.models.llama import RMSNorm, rope_tables
-from plscale.strategies.hybrid.layer import HybridDecoderLayer, load_layer_shard
+from plscale.strategies.hybrid.layer import HybridDecoderLayer
 from plscale.strategies.tensor_parallel import operators as ops
 from plscale.strategies.tensor_parallel.layers import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
@@ -98,7 +98,7 @@ class HybridStage(nn.Module):
                 t, start = self.lm_head.shape[0], self.vocab_start
                 self.lm_head.copy_(dense.embed_tokens.weight[start:start + t])
         for mine, i in zip(self.layers, self.layer_ids):
-            load_layer_shard(mine, dense.layers[i])
+            mine.load_shard(dense.layers[i])
 
     def rope(self, local: int, device):
         """cos, sin at the global positions of this rank's `local` tokens (zig-zag chunks)."""

@@ -83,6 +83,18 @@ class ParallelDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    @torch.no_grad()
+    def load_shard(self, full) -> None:
+        """This rank's shard of a dense DecoderLayer (plscale/rank/models/llama.py): q|k|v and
+        gate|up by rows, o and down by columns, the norms whole."""
+        a, m = full.self_attn, full.mlp
+        self.self_attn.qkv.load_shard(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
+        self.self_attn.o_proj.load_shard(a.o_proj.weight)
+        self.mlp.gate_up.load_shard(m.gate_proj.weight, m.up_proj.weight)
+        self.mlp.down_proj.load_shard(m.down_proj.weight)
+        self.input_layernorm.weight.copy_(full.input_layernorm.weight)
+        self.post_attention_layernorm.weight.copy_(full.post_attention_layernorm.weight)
+
 
 class TensorParallelLlama(nn.Module):
     def __init__(self, config: ModelConfig, group, sequence_parallel: bool = False,
@@ -110,13 +122,7 @@ class TensorParallelLlama(nn.Module):
         self.embed_tokens.load_shard(dense.embed_tokens.weight)
         self.norm.weight.copy_(dense.norm.weight)
         for mine, full in zip(self.layers, dense.layers):
-            a, m = full.self_attn, full.mlp
-            mine.self_attn.qkv.load_shard(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
-            mine.self_attn.o_proj.load_shard(a.o_proj.weight)
-            mine.mlp.gate_up.load_shard(m.gate_proj.weight, m.up_proj.weight)
-            mine.mlp.down_proj.load_shard(m.down_proj.weight)
-            mine.input_layernorm.weight.copy_(full.input_layernorm.weight)
-            mine.post_attention_layernorm.weight.copy_(full.post_attention_layernorm.weight)
+            mine.load_shard(full)
 
     def replicated(self) -> list:
         """The parameters every rank holds whole: the norm weights."""
