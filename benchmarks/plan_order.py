@@ -5,11 +5,12 @@ and (a), the published layouts, printed as a table.
     .venv/bin/python benchmarks/plan_order.py --runs 0        # measure and plan only
     .venv/bin/python benchmarks/plan_order.py --published     # only the published layouts (pure, seconds)
 
-1. Describes this machine as a one-node cluster of 4 "GPUs" (4 CPU processes over gloo, one
-   thread each, as the labs run): a fp32 matmul of the small model's shapes on all 4 ranks at
-   once gives the peak FLOP/s per rank; a gloo all-reduce of 8 MiB the bus bandwidth, one of
-   4 KiB the latency a ring step. On a 2-core machine the 4 ranks share 2 cores: the peak is
-   what each gets while the others run too, and communication competes with compute.
+1. Describes this machine as `plscale plan --here` does (plscale/run/machine.py): 4 CPU
+   processes over gloo, one thread each, as the labs run; the small model's forward and
+   backward on all 4 at once gives a rank's FLOP/s, a gloo all-reduce of 8 MiB the bus
+   bandwidth, one of 4 KiB the latency a ring step. On a 2-core machine the 4 ranks share 2
+   cores: the FLOP/s are what each gets while the others run too, and the planner prices the
+   pipeline bubble as shared cores pay it (plscale/predict/step_time.py).
 2. Plans preset small (seq 128, 32 sequences a step, fp32, efficiency 1: the measured peak is
    already what a matmul of these shapes reaches) on that cluster, with no overlap of
    communication and compute (gloo's threads and the matmuls share the same cores).
@@ -39,60 +40,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from plscale.predict.cluster import GiB, find_gpu
+from plscale.predict.cluster import find_gpu
 from plscale.predict.plan import Job, plan
 from plscale.predict.presets import PRESETS
 from plscale.predict.published import PUBLISHED, SHAPES
+from plscale.run.machine import measure
 
 RANKS, SEQ, BATCH = 4, 128, 32
-
-
-def _measure(rank: int, port: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=RANKS)
-    c = PRESETS["small"]
-    a, b = torch.randn(4 * SEQ, c.hidden), torch.randn(c.hidden, c.ffn)
-    for _ in range(3):
-        a @ b
-    dist.barrier()
-    start, n = time.perf_counter(), 0
-    while time.perf_counter() - start < 2.0:
-        a @ b
-        n += 1
-    flops = 2 * a.shape[0] * a.shape[1] * b.shape[1] * n / (time.perf_counter() - start)
-    times = {}
-    for size in (4 * 2**10, 8 * 2**20):
-        x = torch.ones(size // 4)
-        dist.all_reduce(x)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(10):
-            dist.all_reduce(x)
-        times[size] = (time.perf_counter() - start) / 10
-    gathered = [None] * RANKS
-    dist.all_gather_object(gathered, flops)
-    if rank == 0:
-        Path(out).write_text(json.dumps({"flops": statistics.mean(gathered), "times": times}))
-    dist.destroy_process_group()
-
-
-def measure_machine() -> dict:
-    import torch.multiprocessing as mp
-
-    from plscale.hardware import free_port
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "m.json")
-        mp.spawn(_measure, args=(free_port(), out), nprocs=RANKS)
-        m = json.loads(Path(out).read_text())
-    small, big = float(m["times"]["4096"]), float(m["times"][str(8 * 2**20)])
-    steps = 2 * (RANKS - 1)
-    busbw = 8 * 2**20 * steps / RANKS / big / 1e9
-    meminfo = Path("/proc/meminfo").read_text().splitlines()
-    available = int(next(line.split()[1] for line in meminfo if line.startswith("MemAvailable"))) * 1024
-    return {"tflops": m["flops"] / 1e12, "busbw_gbs": busbw, "latency_us": small / steps * 1e6,
-            "memory_gib": available / RANKS / GiB}
 
 
 def lab_command(c) -> list[str] | None:
@@ -185,13 +139,10 @@ def main() -> None:
     published_table()
     if a.published:
         return
-    m = measure_machine()
-    print(f"\nthis machine as {RANKS} ranks ({os.cpu_count()} cores): {m['tflops'] * 1e3:.1f} GFLOP/s a rank "
-          f"(fp32 matmul, all ranks at once), all-reduce busbw {m['busbw_gbs']:.2f} GB/s, "
-          f"{m['latency_us']:.0f} us a ring step, {m['memory_gib']:.1f} GiB a rank")
-    cluster = replace(find_gpu("H100", m["memory_gib"], m["tflops"], m["busbw_gbs"], m["busbw_gbs"], RANKS),
-                      name="this machine", intra_latency_us=m["latency_us"], inter_latency_us=m["latency_us"])
-    result = plan(Job(PRESETS["small"], RANKS, SEQ, BATCH, precision="fp32", efficiency=1.0, overlap=False), cluster)
+    machine = measure(RANKS, PRESETS["small"], 1, SEQ)   # plscale plan --here's figures (plscale/run/machine.py)
+    print(f"\nthis machine: {machine.describe()}")
+    result = plan(Job(PRESETS["small"], RANKS, SEQ, BATCH, precision="fp32", efficiency=1.0, overlap=False),
+                  machine.cluster())
     runnable = {}
     for c in result.ranked:   # every configuration a lab runs, the fastest predicted of identical runs
         args = lab_command(c)

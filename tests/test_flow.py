@@ -40,7 +40,7 @@ def test_dry_run_prints_flows_plan(quick_cli, monkeypatch):
 def test_sweep_plans_every_variant_before_any_runs():
     lab, _ = flow.choose("zero", sweep=True)
     prepared = flow.prepare_sweep(lab, Options(gpus=2, cpu=True))
-    assert [p.resolved.variant.name for p in prepared] == lab.sweep
+    assert [p.resolved.variant.name for p in prepared.runs] == lab.sweep
     with pytest.raises(UserError, match="drop --variant"):
         flow.choose("zero", "zero2", sweep=True)
     lab, _ = flow.choose("mnist-dp")

@@ -28,6 +28,7 @@ import torch
 from plscale.charts import plots, timeline
 from plscale.predict import context_parallel as cp_predict, hybrid, memory, pipeline as plan, tensor_parallel as tp_predict
 from plscale.predict.presets import param_count, preset
+from plscale.predict.step_time import LABELS, TERMS
 from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
@@ -160,7 +161,8 @@ if ctx.is_main:
 # the backward: gradients whole, as while micro-batches accumulate) against predict/memory.py's largest stage
 if S["pipeline"]["engine"] == "plscale":
     rest_want = hybrid.step_collectives(config, TP, PP, stage_id, dp, CP, micro, seq, m, ZERO, SP)
-    setup = replace(memory.setup_from_ds_config(ds, dp * CP, config, seq), tp=TP, pp=PP, cp=CP, sp=SP)
+    setup = replace(memory.setup_from_ds_config(ds, dp * CP, config, seq), tp=TP, pp=PP, cp=CP, sp=SP,
+                    reduce_in_backward=False)   # zero1.py reduces after the schedule, from whole gradients
     predicted = {t.name: t.total for t in memory.estimate(setup).terms if t.name in memory.MODEL_STATES}
     predicted["model_states"], measured = sum(predicted.values()), gathered((rest_sent, rest_want, train_step.census))
     if ctx.is_main:
@@ -177,13 +179,7 @@ if S["pipeline"]["engine"] == "plscale":
 # forward + backward hold tp's all-reduces and cp's ring; send/recv holds the waits for a neighbour
 figures = figures_memory if S["pipeline"]["engine"] == "plscale" and ctx.is_main else []
 if S["pipeline"]["engine"] == "plscale":
-    def took(*kinds):
-        return sum(o.end - o.start for o in train_step.ops if o.kind in kinds)
-
-    parts = {"forward + backward": took("F", "B"), "pipeline send/recv": took("send", "recv"),
-             "gradient all-reduces": train_step.seconds["gradient all-reduces"],
-             "optimizer": train_step.seconds["optimizer"]}
-    parts["rest (loss, data)"] = times[-1] - sum(parts.values())
+    parts = train_step.parts(times[-1])
     in_first = mesh.rank in layout.groups("pp")[0]  # the pipeline of rank 0, drawn as a timeline
     timed = gathered((parts, [o.to_dict() for o in train_step.ops] if in_first else []))
     if ctx.is_main:
@@ -234,10 +230,13 @@ if ctx.is_main:
               f" (gradients near eps, where Adam's first step g/(|g| + eps) shows their rounding)")
     ctx.check("every rank's shard equals the dense model's slice after the first step", param_gap <= param_tolerance,
               f"largest gap {param_gap:.2e} lr on rank {rank} ({name}); tolerance {param_tolerance:g} lr")
-    warm = times[1:] or times
-    step_s = statistics.median(warm)
+    step_s, planned = statistics.median(times[1:] or times), S["planned"]   # planned: plscale plan --here's terms
+    if planned["step_s"]:
+        ctx.log(f"\nstep time, the planner's model for this layout on this machine: {planned['step_s']:.3f} s ("
+                + ", ".join(f"{LABELS[t]} {planned[t]:.3f}" for t in TERMS if planned[t]) + f"); measured {step_s:.3f} s")
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
-                figure("step time", round(step_s, 4), "s", None, "median of the steps after the first"),
+                figure("step time", round(step_s, 4), "s", planned["step_s"] or None, "median of the steps after the "
+                       "first; predicted: plscale plan --here (--layout, --sweep)"),
                 figure("throughput", round(micro * m * dp * seq / step_s, 1), "tokens/s", None, "all replicas"),
                 figure("largest loss gap", float(f"{loss_gap:.3g}"), "relative", None,
                        f"against the dense model, {parity} steps"),

@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from plscale.cli.output import console
+from plscale.errors import UserError
 from plscale.lab import labs
 from plscale.lab.settings import flatten
 from plscale.run import flow
@@ -78,22 +79,27 @@ def run_lab(
     data_dir: str = typer.Option(None, "--data-dir", help="Local dataset files (else PLSCALE_DATA_DIR, hub, fallback)."),
     max_restarts: int = typer.Option(None, "--max-restarts",
                                      help="torchrun only: restart every rank up to N times after one fails."),
-    sweep: bool = typer.Option(False, "--sweep", help="Run the lab's sweep variants in turn, then its report."),
+    layout: str = typer.Option(None, "--layout", help="A layout from `plscale plan --json`: plan.json (its first "
+                               "candidate) or plan.json:N (lab 4d)."),
+    sweep: bool = typer.Option(False, "--sweep", help="Run the lab's sweep variants in turn (lab 4d: every layout "
+                               "the planner offers on this machine), then its report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
 ) -> None:
     """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo; a JAX lab as one process with N devices."""
     lab, chosen = flow.choose(name, variant, sweep, data_dir)
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
                    list(sets), ds_config, data_dir, max_restarts)
+    if layout and sweep:
+        raise UserError("--sweep runs every layout itself: drop --layout.")
     if not sweep:
-        prepared = flow.prepare(lab, chosen, opts)
+        prepared = flow.prepare(lab, chosen, flow.with_layout(lab, chosen, opts, layout))
         if dry_run:
             return show_plan(prepared)
         flow.report(launch(prepared), console)
         return
-    runs = flow.prepare_sweep(lab, opts)  # every variant checked before any runs
+    runs = flow.prepare_sweep(lab, opts, console)  # every variant checked before any runs
     if dry_run:
-        for prepared in runs:
+        for prepared in runs.runs:
             show_plan(prepared)
         return
     try:
@@ -109,6 +115,9 @@ def show_plan(prepared: flow.Prepared) -> None:
     lab_variant, _, notice = heading.partition(": ")
     console.print(f"[bold]{lab_variant}[/]: {escape(notice)}")
     console.print("[bold]command:[/]", command, highlight=False, soft_wrap=True)
+    planned = prepared.resolved.settings.get("planned", {}).get("step_s")
+    if planned:   # a layout from the planner (--layout, lab 4d's --sweep)
+        console.print(f"[bold]predicted step:[/] {planned:.3f} s (plscale plan --here's model)", highlight=False)
 
 
 def launch(prepared: flow.Prepared) -> Path:

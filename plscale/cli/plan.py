@@ -2,13 +2,14 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from plscale.cli.flags import in_flags, speaks_flags
-from plscale.cli.output import console
+from plscale.cli.output import console, make_console
 from plscale.errors import UserError
 from plscale.predict import plan as planner
 from plscale.predict.cluster import GPUS, find_gpu
@@ -63,6 +64,27 @@ def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
     return (name, replace(config, **given)) if given else (name, config)
 
 
+def _this_machine(saved: Path | None, ranks: int, config: ModelConfig, micro_batch: int, seq: int, notes):
+    """This machine's figures: read from an earlier plan's JSON, or measured now with `ranks` CPU ranks."""
+    from plscale.run.machine import Machine, measure
+    if saved is not None:
+        try:
+            raw = json.loads(saved.read_text())
+            found = Machine.from_dict(raw.get("machine", raw))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"--machine {saved}: not a plan's JSON with this machine's figures ({exc}); "
+                            f"write one with `plscale plan --here --json > plan.json`.") from None
+        if found.ranks != ranks:
+            raise UserError(f"--machine {saved} was measured with {found.ranks} ranks; plan with --gpus "
+                            f"{found.ranks}, or measure {ranks} by leaving out --machine.")
+        return found
+    with notes.status(f"measuring this machine: {ranks} CPU ranks at once, the model's forward and backward, "
+                        f"then gloo all-reduces (about 10 s)"):
+        found = measure(ranks, config, micro_batch, seq)
+    notes.print(f"this machine: {found.describe()}", highlight=False)
+    return found
+
+
 @speaks_flags()
 def plan(
     model: str = typer.Option(None, "--model", "-m", help=f"A preset or published shape: {', '.join([*PRESETS, *SHAPES])}."),
@@ -75,8 +97,13 @@ def plan(
     gpus_per_node: int = typer.Option(None, help="GPUs a node (replaces the --gpu's, 8)."),
     seq: int = typer.Option(None, help="Sequence length (default: the model's longest, at most 4096)."),
     global_batch: int = typer.Option(None, help="Sequences per optimizer step (default: about 4M tokens)."),
-    efficiency: float = typer.Option(0.5, help="Fraction of the peak FLOP/s the matmuls reach."),
-    precision: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    efficiency: float = typer.Option(None, help="Fraction of the peak FLOP/s the matmuls reach (default 0.5; "
+                                     "--here: 1, the measured FLOP/s are the model's own)."),
+    precision: str = typer.Option(None, help="bf16, fp16 or fp32 (default bf16; --here: fp32)."),
+    here: bool = typer.Option(False, "--here", help="Plan for this machine's CPU: --gpus ranks over gloo, as the "
+                              "labs run without a GPU; measures them first (seconds), replaces --gpu."),
+    machine: Path = typer.Option(None, help="With --here: this machine's figures from an earlier plan's --json "
+                                 "(its \"machine\"), instead of measuring again."),
     headroom: float = typer.Option(planner.HEADROOM, help="Fraction of GPU memory kept free (fragmentation, buffers)."),
     top: int = typer.Option(5, help="Candidates to print."),
     every: bool = typer.Option(False, "--all", help="Every configuration, not only the best of each dp x tp x pp x cp."),
@@ -86,6 +113,8 @@ def plan(
     dp: int = typer.Option(None, help="Fix the data-parallel degree."),
     zero: int = typer.Option(None, help="Fix the ZeRO stage (0-3)."),
     recompute: str = typer.Option(None, help="Fix recomputation: none, selective or full."),
+    micro_batch: int = typer.Option(None, help="Fix the sequences per micro-batch."),
+    virtual: int = typer.Option(None, help="Fix the model chunks per pipeline rank (1: plain 1F1B)."),
     layers: int = typer.Option(None, help="Shape: layers (with the other shape options, or to change a preset)."),
     hidden: int = typer.Option(None, help="Shape: hidden width."),
     heads: int = typer.Option(None, help="Shape: attention heads."),
@@ -104,10 +133,27 @@ def plan(
     """
     name, config = _model(model, {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
                                    "ffn": ffn, "vocab": vocab})
-    cluster = find_gpu(gpu, memory, peak_tflops, intra_gbs, inter_gbs, gpus_per_node)
-    for flag, value in (("--seq", seq), ("--global-batch", global_batch), ("--gpus", gpus)):
+    for flag, value in (("--seq", seq), ("--global-batch", global_batch), ("--gpus", gpus),
+                        ("--micro-batch", micro_batch), ("--virtual", virtual)):
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: must be at least 1.")
+    seq = min(config.max_seq, 4096) if seq is None else seq
+    measured = None
+    if here:
+        given = [f for f, v in (("--gpu", gpu), ("--memory", memory), ("--peak-tflops", peak_tflops),
+                                ("--intra-gbs", intra_gbs), ("--inter-gbs", inter_gbs),
+                                ("--gpus-per-node", gpus_per_node)) if v is not None]
+        if given:
+            raise UserError(f"--here measures this machine; drop {', '.join(given)} (or drop --here to plan for a GPU).")
+        notes = make_console(stderr=True) if as_json else console   # stdout is the JSON alone
+        measured = _this_machine(machine, gpus, config, micro_batch or 1, seq, notes)
+        cluster = measured.cluster()
+    elif machine is not None:
+        raise UserError("--machine gives this machine's figures: use it with --here.")
+    else:
+        cluster = find_gpu(gpu, memory, peak_tflops, intra_gbs, inter_gbs, gpus_per_node)
+    efficiency = (1.0 if here else 0.5) if efficiency is None else efficiency
+    precision = ("fp32" if here else "bf16") if precision is None else precision
     if recompute is not None and recompute not in planner.RECOMPUTE:
         raise UserError(f"--recompute {recompute!r}: use {', '.join(planner.RECOMPUTE)}.")
     if zero is not None and zero not in (0, 1, 2, 3):
@@ -118,12 +164,11 @@ def plan(
                         f"with --pp, or drop --pp.")
     if top < 1:
         raise UserError(f"--top {top}: print at least 1.")
-    seq = min(config.max_seq, 4096) if seq is None else seq
     global_batch = max(1, 2**22 // seq) if global_batch is None else global_batch
-    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero,
-                                                 "recompute": recompute}.items()
+    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero, "recompute": recompute,
+                                      "micro_batch": micro_batch, "virtual": virtual}.items()
                   if v is not None)
-    job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed)
+    job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here)
     result = planner.plan(job, cluster)
     usable = result.usable
     if not result.ranked:
@@ -140,13 +185,18 @@ def plan(
             "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
             "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
                     "efficiency": efficiency, "headroom": headroom, "fixed": dict(fixed)},
+            **({"machine": measured.to_dict()} if measured else {}),
             "considered": result.considered, "fitting": len(result.ranked),
             "candidates": [c.to_dict() for c in shown], "assumptions": ASSUMPTIONS}, indent=2))
         return
     nodes = -(-gpus // cluster.gpus_per_node)
-    table = Table(title=f"plan: {escape(name)} ({param_count(config) / 1e9:.2f}B) on {gpus} x {escape(cluster.name)} "
-                        f"({nodes} node{'s' if nodes > 1 else ''}), seq {seq}, global batch {global_batch} "
-                        f"({global_batch * seq / 1e6:.2f}M tokens), {precision}, efficiency {efficiency:g}",
+    params, tokens = param_count(config), global_batch * seq
+    size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+    step_tokens = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens:,}"
+    where = (f"this machine, {escape(cluster.name)}" if cluster.cores else
+             f"{gpus} x {escape(cluster.name)} ({nodes} node{'s' if nodes > 1 else ''})")
+    table = Table(title=f"plan: {escape(name)} ({size}) on {where}, seq {seq}, global batch {global_batch} "
+                        f"({step_tokens} tokens), {precision}, efficiency {efficiency:g}",
                   title_justify="left")
     for column in ("#", "dp", "tp", "pp", "cp", "v", "zero", "recompute", "micro x m", "GiB/GPU", "step (s)",
                    "tokens/s", "MFU", "why it beats the next"):
@@ -154,7 +204,7 @@ def plan(
     for i, c in enumerate(shown):
         why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
         table.add_row(str(i + 1), str(c.dp), str(c.tp), str(c.pp), str(c.cp), str(c.virtual), str(c.zero),
-                      c.recompute, f"{c.micro_batch} x {c.micro_batches}", f"{gib(c.memory):.1f}", f"{c.step_s:.3g}",
+                      c.recompute, f"{c.micro_batch} x {c.micro_batches}", f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}", f"{c.step_s:.3g}",
                       f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", escape(why))
     console.print(table)
     best = shown[0]

@@ -51,6 +51,7 @@ class Lab:
     data: str | None = None  # the dataset, so the host can check --data-dir before launching
     sweep: list = field(default_factory=list)  # variants `--sweep` runs in turn
     sweep_report: str | None = None            # script run on the sweep directory afterwards
+    sweep_layouts: str | None = None           # "planner": --sweep runs the planner's layouts (plscale.run.layouts)
     check: str | None = None                   # check(settings, topology) raises UserError on bad settings
     steps_setting: str = "train.steps"         # the setting `--steps N` sets
     launcher: str | None = None                # every variant's launcher (jax: one process, N devices)
@@ -139,6 +140,9 @@ def load_lab(folder: Path) -> Lab:
                                  spec.get("about", ""), spec.get("launcher"), spec.get("ranks"),
                                  spec.get("restarts"), spec.get("entry"))
     ranks = raw["ranks"]
+    if (raw.get("sweep") or {}).get("layouts") not in (None, "planner"):
+        raise UserError(f"{path}: sweep.layouts {raw['sweep']['layouts']!r}: the one kind is `planner` "
+                        f"(see labs/README.md).")
     return Lab(
         id=raw["id"], number=int(folder.name.split("_")[0]), folder=folder, title=raw["title"],
         sections=_sections(raw["sections"], path), entry=raw["entry"], default_ranks=int(ranks["default"]),
@@ -147,7 +151,8 @@ def load_lab(folder: Path) -> Lab:
         aliases=raw.get("aliases") or [], cpu_minutes=float(raw.get("cpu_minutes", 1)),
         gpu_required=bool(raw.get("gpu_required", False)), predicts=raw.get("predicts") or [],
         data=raw.get("data"), sweep=(raw.get("sweep") or {}).get("variants", []),
-        sweep_report=(raw.get("sweep") or {}).get("report"), check=raw.get("check"),
+        sweep_report=(raw.get("sweep") or {}).get("report"), sweep_layouts=(raw.get("sweep") or {}).get("layouts"),
+        check=raw.get("check"),
         steps_setting=raw.get("steps", "train.steps"), launcher=raw.get("launcher"),
     )
 

@@ -37,6 +37,13 @@ all-reduce of a few KB in about 15 us). Bandwidth of a group that spans nodes: s
 (k members on a node spread the rings over k network cards).
 Peak links are what the hardware offers; measured bus bandwidth (nccl-tests, `plscale bench
 collectives`) is lower, often 70-85 % of it: give --intra-gbs and --inter-gbs to use yours.
+
+This machine (`cpu_ranks`, `plscale plan --here`): N CPU processes over gloo, as the labs run
+without a GPU, are N "GPUs" of one node whose figures are measured, not looked up
+(plscale.run.machine): the FLOP/s a rank reaches on the model's own forward and backward while
+all N run at once, gloo's all-reduce bus bandwidth and its latency a ring step, and the memory
+available over N. When the ranks outnumber the cores (`cores`), they take turns on them: a
+rank that waits hands its core to one that works (step_time: the pipeline bubble).
 """
 
 from dataclasses import asdict, dataclass, replace
@@ -58,6 +65,7 @@ class GPU:
     intra_latency_us: float = 1.0   # one step of a ring inside a node (an assumption, module doc)
     inter_latency_us: float = 5.0   # one step of a ring across nodes
     hbm_gbs: float = 0.0            # GPU memory bandwidth, GB/s (module doc); 0: not known
+    cores: int = 0                  # CPU ranks: the cores they share (module doc); 0: a device each
 
     def peak(self, precision: str) -> float:
         key = "fp32" if precision == "fp32" else "bf16"   # fp16 and bf16 share the tensor-core peak
@@ -97,6 +105,22 @@ def gpu_of_device(device_name: str) -> GPU | None:
     "NVIDIA A100-SXM4-80GB"), the longest match first (an L40S is not an L4); None if unknown."""
     known = sorted((k for k in [*GPUS, *ALIASES] if k.upper() in device_name.upper()), key=len, reverse=True)
     return GPUS[ALIASES.get(known[0], known[0])] if known else None
+
+
+def cpu_ranks(ranks: int, cores: int, flops: float, busbw_gbs: float, latency_us: float, memory: float) -> GPU:
+    """This machine's `ranks` CPU processes as one node of `ranks` "GPUs" (module doc): measured
+    FLOP/s a rank (every precision alike), one link for all (gloo over loopback), bytes a rank.
+
+    >>> cpu_ranks(8, 2, 2e9, 1.5, 90, 2 * GiB).name
+    '8 CPU ranks on 2 cores'
+    """
+    for quantity, value in (("ranks", ranks), ("cores", cores), ("flops", flops), ("busbw_gbs", busbw_gbs),
+                            ("memory", memory)):
+        if value <= 0:
+            raise PredictionError(quantity, value, ": must be more than 0.")
+    return GPU(f"{ranks} CPU ranks on {cores} core{'s' if cores > 1 else ''}", memory, {"bf16": flops, "fp32": flops},
+               busbw_gbs, busbw_gbs, ranks, "measured on this machine (plscale.run.machine)",
+               latency_us, latency_us, cores=cores)
 
 
 def find_gpu(name: str | None = "H100", memory_gib: float | None = None, peak_tflops: float | None = None,

@@ -31,7 +31,8 @@ micro-batches accumulate:
  2. ZeRO-1 with one micro-batch per step (grad_accum 1) reduces and partitions the
     gradients inside the backward, bucket by bucket, as ZeRO-2 does: pΨ/N. The full pΨ of
     the paper's ZeRO-1 only lives while micro-batches accumulate (grad_accum > 1); DeepSpeed
-    reduces at the accumulation boundary.
+    reduces at the accumulation boundary. A ZeRO-1 that reduces after the backward, from whole
+    gradients (Setup.reduce_in_backward False: lab 11's, written by hand), holds pΨ always.
  3. Optimizer offload (ZeRO-Offload) moves the master copy and the moments to the host, and
     the gradients the host's Adam steps: an fp32 partition, 4Ψ/N whatever p is. Micro-batches
     accumulate somewhere else:
@@ -184,7 +185,7 @@ def _paper_terms(s: Setup, psi: float) -> list[Term]:
 def _gradients(s: Setup, psi: float) -> Term:
     """Gradients at their peak, while micro-batches accumulate (rules 2 and 3)."""
     p, n, accumulating = BYTES[s.precision], s.dp, s.grad_accum > 1
-    full = s.stage == 0 or (s.stage == 1 and accumulating)
+    full = s.stage == 0 or (s.stage == 1 and (accumulating or not s.reduce_in_backward))
     if not s.offload_optimizer:
         if full:
             return Term("gradients", p * psi, 0, f"{p}Ψ")

@@ -64,7 +64,8 @@ class Job:
     precision: str = "bf16"
     efficiency: float = 0.5    # fraction of the peak FLOP/s the matmuls reach
     headroom: float = HEADROOM
-    fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, zero, recompute
+    fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, zero, recompute,
+                               # micro_batch, virtual
     overlap: bool = True       # communication hides behind compute where the module doc says (False: CPU
                                # ranks, where gloo's threads and the matmuls share the same cores)
 
@@ -234,6 +235,9 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
     if given.get("cp", 1) > 1 and job.seq % (2 * given["cp"]):
         return (f"{{cp}} {given['cp']}: the zig-zag split needs {{seq}} {job.seq} to be a multiple of "
                 f"{2 * given['cp']}")
+    if "micro_batch" in fixed:
+        return (f"{{micro_batch}} {fixed['micro_batch']} must divide each replica's share of {{global_batch}} "
+                f"{job.global_batch} (global batch / dp) into at least pp micro-batches, for some layout")
     return (f"dp x tp x pp x cp must equal {{gpus}} {job.gpus}, with tp dividing the heads, pp the layers, 2 cp "
             f"{{seq}} {job.seq} and dp {{global_batch}} {job.global_batch}{' and the fixed degrees' if given else ''}: "
             f"try a global batch that is a multiple of {job.gpus // product}")
@@ -254,9 +258,10 @@ def plan(job: Job, gpu: GPU) -> Plan:
         per_replica = job.global_batch // dp
         for micro_batch in divisors(per_replica):
             m = per_replica // micro_batch
-            if pp > 1 and m < pp:
+            if (pp > 1 and m < pp) or not job.allows(micro_batch=micro_batch):
                 continue
             chunks = [v for v in divisors(stage_layers) if v == 1 or m % pp == 0] if pp > 1 else [1]
+            chunks = [v for v in chunks if job.allows(virtual=v)]
             for zero, recompute in product(zero_stages(dp, cp, pp), RECOMPUTE):
                 if not job.allows(zero=zero, recompute=recompute):
                     continue

@@ -103,6 +103,9 @@ class Setup:
     largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
     accounting: str = "paper"         # "paper" or "deepspeed"
     cp: int = 1                       # context-parallel ranks per sequence: activations of seq / cp tokens
+    reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
+                                      # memory.py's rule 2); False: after it, from whole gradients (plscale's
+                                      # hand-written ZeRO-1, strategies/hybrid/zero1.py)
 
     @property
     def tokens(self) -> int:

@@ -11,7 +11,12 @@ the one with the most compute + tp + cp sets every term.
             efficiency), `compute_seconds`: each GPU of a stage does 1 / (dp tp cp) of the stage's work
   bubble    the pipelined work (compute + tp + pp + cp) x f / (1 - f),
             f = pipeline.bubble_fraction(pp, m, v) = (pp - 1) / (v m + pp - 1): with 1F1B (v 1) and
-            pp 4, m 8 the bubble is 3/8 of the busy time; interleaved with v 2, 3/16
+            pp 4, m 8 the bubble is 3/8 of the busy time; interleaved with v 2, 3/16.
+            CPU ranks sharing c cores (cluster.cpu_ranks: N ranks, N > c) take turns on them: a rank
+            idle in the bubble hands its core to a busy one. The measured FLOP/s are a rank's share
+            while all N work (c/N of a core), so a rank alone runs up to N/c times faster; the step
+            takes the longer of the work at that share (W, no bubble) and the pipeline's critical
+            path at a core each, W (c/N) / (1 - f): bubble = max(0, W c / (N (1 - f)) - W)
   tp        every collective of tensor_parallel.collectives (Megatron's f and g: 4 a layer a
             micro-batch; the embedding's on the first stage, the head's and the loss's on the
             last), on the critical path, not overlapped. Full recomputation reruns each layer's
@@ -232,7 +237,11 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     bubble = 0.0
     if c.pp > 1:
         f = bubble_fraction(c.pp, m, c.virtual)
-        bubble = (compute + tp + pp + cp) * f / (1 - f)
+        work = compute + tp + pp + cp
+        if gpu.cores and job.gpus > gpu.cores:   # ranks taking turns on shared cores (module doc)
+            bubble = max(0.0, work * gpu.cores / (job.gpus * (1 - f)) - work)
+        else:
+            bubble = work * f / (1 - f)
     return {"compute": compute, "bubble": bubble, "tp": tp, "dp": dp, "pp": pp, "cp": cp}
 
 

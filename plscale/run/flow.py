@@ -40,6 +40,12 @@ class Prepared(NamedTuple):
     resolved: Resolved
 
 
+class Sweep(NamedTuple):
+    """A sweep's runs, each prepared, and what sweep.json records besides them."""
+    runs: list           # [Prepared]
+    record: dict = {}
+
+
 class RunFailed(Exception):
     """The ranks (or a sweep's report script) exited with `code`; their logs are in `run_dir`."""
 
@@ -54,7 +60,8 @@ def choose(name: str, variant: str | None = None, sweep: bool = False,
     lab, chosen = labs.find(name)
     chosen = lab.variant(variant) if variant else chosen
     if sweep and variant:
-        raise UserError(f"--sweep runs the lab's sweep variants ({', '.join(lab.sweep) or 'none'}): drop --variant.")
+        runs = "the planner's layouts" if lab.sweep_layouts else f"the lab's sweep variants ({', '.join(lab.sweep) or 'none'})"
+        raise UserError(f"--sweep runs {runs}: drop --variant.")
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder: point it at the dataset's files.")
     datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
@@ -69,11 +76,36 @@ def prepare(lab: Lab, variant: Variant, opts: Options) -> Prepared:
     return Prepared(the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config))
 
 
-def prepare_sweep(lab: Lab, opts: Options) -> list[Prepared]:
-    """Every sweep variant prepared, so a bad one fails before any runs."""
+def with_layout(lab: Lab, variant: Variant, opts: Options, spec: str | None) -> Options:
+    """--layout plan.json[:N]: the options with the planner's candidate as --set assignments before
+    the user's (plscale.run.layouts); the options unchanged without one."""
+    if spec is None:
+        return opts
+    from plscale.run import layouts
+    if not lab.sweep_layouts:
+        raise UserError(f"--layout: lab {lab.id} takes no planner layout; lab 4d does (plscale lab list).")
+    the_plan, settings = plan(lab, variant, opts), prepare(lab, variant, opts).resolved.settings
+    _, sets = layouts.chosen(spec, settings, the_plan.world_size)
+    return Options(**{**vars(opts), "sets": [*sets, *opts.sets]})
+
+
+def prepare_sweep(lab: Lab, opts: Options, console: Console | None = None) -> Sweep:
+    """Every sweep variant prepared, so a bad one fails before any runs; a lab whose sweep is the
+    planner's layouts measures this machine and plans first (plscale.run.layouts)."""
+    if lab.sweep_layouts:
+        from plscale.run import layouts
+        default = lab.variant(None)
+        base = prepare(lab, default, opts)
+        found = layouts.planned(lab, base.resolved.settings, base.plan.world_size,
+                                lambda v: prepare(lab, v, opts), console or Console())
+        if not found.runs:
+            raise UserError(f"No layout of {base.plan.world_size} ranks that the planner offers does lab {lab.id} run: "
+                            + "; ".join(found.left_out))
+        return Sweep([prepare(lab, v, opts) for v, _ in found.runs],
+                     {"machine": found.machine, "planned": [c for _, c in found.runs], "left_out": found.left_out})
     if not lab.sweep:
         raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
-    return [prepare(lab, lab.variant(v), opts) for v in lab.sweep]
+    return Sweep([prepare(lab, lab.variant(v), opts) for v in lab.sweep])
 
 
 def describe(prepared: Prepared, runs: Path | None = None) -> tuple[str, str]:
@@ -115,10 +147,11 @@ def report(run_dir: Path, console: Console | None = None) -> None:
 
 
 def run(name: str, opts: Options | None = None, variant: str | None = None, console: Console | None = None,
-        command: list[str] | None = None, runs: Path | None = None) -> Path:
+        command: list[str] | None = None, runs: Path | None = None, layout: str | None = None) -> Path:
     """`plscale lab run NAME` from this process: the run directory once the ranks finished."""
     opts = opts or Options()
     lab, chosen = choose(name, variant, data_dir=opts.data_dir)
+    opts = with_layout(lab, chosen, opts, layout)
     return launch(prepare(lab, chosen, opts), console, command or command_line(name, opts, variant), runs)
 
 
@@ -128,16 +161,21 @@ def sweep(name: str, opts: Options | None = None, console: Console | None = None
     on the sweep directory (sweep.json lists the runs); the sweep directory."""
     opts = opts or Options()
     lab, _ = choose(name, sweep=True, data_dir=opts.data_dir)
-    return run_sweep(lab, prepare_sweep(lab, opts), console, command or command_line(name, opts, sweep=True), runs)
+    return run_sweep(lab, prepare_sweep(lab, opts, console), console, command or command_line(name, opts, sweep=True),
+                     runs)
 
 
-def run_sweep(lab: Lab, prepared: list[Prepared], console: Console | None = None,
+def run_sweep(lab: Lab, prepared: Sweep, console: Console | None = None,
               command: list[str] | None = None, runs: Path | None = None) -> Path:
     """Run prepared sweep variants in turn, then the lab's sweep report; the sweep directory."""
     console = console or Console()
     sweep_dir = new_run_dir(lab.id, "sweep", runs)
-    run_dirs = [str(launch(p, console, command, runs)) for p in prepared]
-    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": lab.sweep, "runs": run_dirs})
+    run_dirs = []
+    for i, p in enumerate(prepared.runs, 1):
+        console.print(f"[bold]sweep {i} of {len(prepared.runs)}[/]")
+        run_dirs.append(str(launch(p, console, command, runs)))
+    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": [p.resolved.variant.name for p in prepared.runs],
+                                          "runs": run_dirs, **prepared.record})
     if lab.sweep_report:
         script = [sys.executable, str(lab.folder / lab.sweep_report), str(sweep_dir)]
         if console.file is sys.stdout:  # the terminal: the script prints there itself
@@ -157,7 +195,7 @@ FLAGS = {"--variant": "variant", "-v": "variant", "--gpus": "gpus", "-g": "gpus"
          "--nodes": "nodes", "--hostfile": "hostfile", "--node-rank": "node_rank", "--master-addr": "master_addr",
          "--master-port": "master_port", "--cpu": "cpu", "--steps": "steps", "--set": "sets",
          "--ds-config": "ds_config", "--data-dir": "data_dir", "--max-restarts": "max_restarts",
-         "--sweep": "sweep", "--dry-run": "dry_run"}
+         "--layout": "layout", "--sweep": "sweep", "--dry-run": "dry_run"}
 
 
 class Request(NamedTuple):
@@ -167,6 +205,7 @@ class Request(NamedTuple):
     opts: Options
     sweep: bool = False
     dry_run: bool = False
+    layout: str | None = None
 
 
 def parse(words: list[str]) -> Request:
@@ -193,7 +232,7 @@ def parse(words: list[str]) -> Request:
     opts = Options(args.gpus, args.launcher, args.nodes, args.hostfile, args.node_rank, args.master_addr,
                    args.master_port, args.cpu, args.steps, list(args.sets), args.ds_config, args.data_dir,
                    args.max_restarts)
-    return Request(args.name, args.variant, opts, args.sweep, args.dry_run)
+    return Request(args.name, args.variant, opts, args.sweep, args.dry_run, args.layout)
 
 
 def command_line(name: str, opts: Options, variant: str | None = None, sweep: bool = False) -> list[str]:
@@ -201,7 +240,7 @@ def command_line(name: str, opts: Options, variant: str | None = None, sweep: bo
     words = ["plscale", "lab", "run", name] + (["--variant", variant] if variant else [])
     defaults = Options()
     for flag, dest in FLAGS.items():
-        if flag.startswith("--") and dest not in ("variant", "sweep", "dry_run", "sets") \
+        if flag.startswith("--") and dest not in ("variant", "sweep", "dry_run", "sets", "layout") \
                 and getattr(opts, dest) != getattr(defaults, dest):
             value = getattr(opts, dest)
             words += [flag] if value is True else [flag, str(value)]

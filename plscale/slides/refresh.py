@@ -247,7 +247,7 @@ def _job(args: tuple, runs: Path, out) -> tuple[Path | None, int]:
                 made = flow.sweep(request.name, request.opts, console, runs=runs)
                 console.print(f"sweep directory: {made}")
             else:
-                made = flow.run(request.name, request.opts, request.variant, console, runs=runs)
+                made = flow.run(request.name, request.opts, request.variant, console, runs=runs, layout=request.layout)
                 flow.report(made, console)
             return made, 0
         if args[:2] == ("report", "--compare"):

@@ -106,6 +106,8 @@ class DeepSpeedHybrid:
                 piece.weight.copy_(dense.norm.weight)
             else:
                 piece.load_shard(dense.layers[index - 1])
+        if hasattr(self.engine.optimizer, "refresh_fp32_params"):   # ZeRO-1 copied its fp32 master partition
+            self.engine.optimizer.refresh_fp32_params()              # at initialize: take the loaded weights
 
     def __call__(self, micro_batches) -> float:
         loss = self.engine.train_batch(data_iter=iter(micro_batches))  # mean over m and dp x cp

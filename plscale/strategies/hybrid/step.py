@@ -102,6 +102,17 @@ class HybridStep:
         self.seconds = {"schedule": t1 - t0, "gradient all-reduces": t2 - t1, "optimizer": time.perf_counter() - t2}
         return self.mean_loss(losses)
 
+    def parts(self, step_s: float) -> dict:
+        """Where the last step's `step_s` seconds went: forward + backward (tp's collectives and cp's
+        ring inside them), waits for a pipeline neighbour, the dp x cp gradients, the optimizer, the rest."""
+        def took(*kinds):
+            return sum(o.end - o.start for o in self.ops if o.kind in kinds)
+
+        out = {"forward + backward": took("F", "B"), "pipeline send/recv": took("send", "recv"),
+               "gradient all-reduces": self.seconds["gradient all-reduces"], "optimizer": self.seconds["optimizer"]}
+        out["rest (loss, data)"] = step_s - sum(out.values())
+        return out
+
     @torch.no_grad()
     def sync_grads(self) -> None:
         params = list(self.stage.parameters())

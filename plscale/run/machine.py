@@ -1,0 +1,98 @@
+"""This machine as the planner sees it: N CPU ranks, measured (`plscale plan --here`, lab 11's sweep).
+
+Starts N processes of `python -m plscale.rank.calibrate` (one thread each, gloo, as the labs
+run without a GPU), reads what rank 0 wrote, and returns the figures; `cluster` turns them into
+plscale.predict.cluster.cpu_ranks. Takes about ten seconds (N interpreters importing torch):
+host commands call it only when asked to measure.
+
+    figures = measure(8, PRESETS["tiny"], micro_batch=2, seq=64)
+    figures.cluster()   # a GPU of the planner's: 8 "GPUs" on one node, this machine's cores
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from plscale.errors import UserError
+from plscale.hardware import cpu_cores, free_port, memory_available
+from plscale.predict.cluster import GPU, cpu_ranks
+from plscale.predict.presets import ModelConfig
+
+TIMEOUT_S = 300   # N interpreters on few cores: a minute is usual for 16, five is stuck
+
+
+@dataclass(frozen=True)
+class Machine:
+    ranks: int
+    cores: int
+    flops: float               # a rank's FLOP/s on the model's forward and backward, all ranks at once
+    busbw_gbs: float           # gloo all-reduce bus bandwidth over all ranks, GB/s
+    latency_us: float          # a ring step of a small all-reduce
+    memory: float              # bytes available a rank
+    measured_on: str           # the model and micro-batch the FLOP/s are of
+
+    def cluster(self) -> GPU:
+        return cpu_ranks(self.ranks, self.cores, self.flops, self.busbw_gbs, self.latency_us, self.memory)
+
+    def describe(self) -> str:
+        return (f"{self.ranks} CPU ranks on {self.cores} cores: {self.flops / 1e9:.2f} GFLOP/s a rank "
+                f"({self.measured_on}, all ranks at once), gloo all-reduce {self.busbw_gbs:.2f} GB/s bus bandwidth, "
+                f"{self.latency_us:.0f} us a ring step, {self.memory / 2**30:.1f} GiB a rank")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Machine":
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__})
+
+
+def _wait(procs: list, logs: list[Path], deadline: float) -> str:
+    """Wait for every process; on the first failure or past the deadline stop them all. The failed
+    rank's last line of stderr, or "" when all succeeded."""
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+        late = time.monotonic() > deadline
+        if bad is not None or late or all(c == 0 for c in codes):
+            break
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    if bad is not None:
+        lines = logs[bad].read_text(errors="replace").strip().splitlines()
+        return f"rank {bad}: {lines[-1] if lines else 'exit code ' + str(procs[bad].returncode)}"
+    return f"no answer within {TIMEOUT_S} s" if late else ""
+
+
+def measure(ranks: int, config: ModelConfig, micro_batch: int, seq: int, seconds: float = 1.0) -> Machine:
+    """This machine's figures with `ranks` CPU processes (module doc)."""
+    if ranks < 2:
+        raise UserError(f"--gpus {ranks}: measuring this machine takes 2 or more ranks (gloo needs a peer).")
+    available = memory_available("cpu") or 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    with tempfile.TemporaryDirectory() as tmp:
+        out, port = Path(tmp) / "machine.json", free_port()
+        logs = [Path(tmp) / f"rank_{r}.err" for r in range(ranks)]
+        procs = []
+        for r, log in enumerate(logs):
+            with open(log, "w") as err:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "plscale.rank.calibrate", "--rank", str(r), "--world", str(ranks), "--port",
+                     str(port), "--out", str(out), "--config", json.dumps(config.to_dict()), "--micro-batch",
+                     str(micro_batch), "--seq", str(seq), "--seconds", str(seconds)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=err))
+        failed = _wait(procs, logs, time.monotonic() + TIMEOUT_S)
+        if failed or not out.exists():
+            raise RuntimeError(f"measuring this machine with {ranks} CPU ranks failed: {failed or 'no figures'}")
+        raw = json.loads(out.read_text())
+    return Machine(ranks, cpu_cores(), raw["flops"], raw["busbw_gbs"], raw["latency_us"], available / ranks,
+                   f"the {micro_batch} x {seq}-token forward and backward of a {config.hidden}-wide, "
+                   f"{config.layers}-layer Llama")

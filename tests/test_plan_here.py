@@ -1,0 +1,168 @@
+"""`plscale plan --here`: the planner on this machine's CPU ranks, and its layouts handed to lab 11
+(`--layout plan.json[:N]`, `--sweep`). The sweep end to end runs two of its layouts on 8 CPU ranks."""
+
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from plscale.lab import labs
+from plscale.predict.cluster import cpu_ranks
+from plscale.predict.pipeline import bubble_fraction
+from plscale.predict.plan import Candidate, Job, memory_setup, plan
+from plscale.predict.presets import PRESETS
+from plscale.predict.step_time import step_terms
+from plscale.run import flow, layouts
+from plscale.run.launch import Options
+from plscale.run.machine import Machine
+
+# measured 2026-11-28 on the 2-core CI machine: `plscale plan --here --gpus 8 --model tiny --seq 64 --micro-batch 2`
+MEASURED = Machine(8, 2, 12.36e9, 0.51, 1557.0, 2.8 * 2**30, "the 2 x 64-token forward and backward of tiny")
+TINY_JOB = Job(PRESETS["tiny"], 8, 64, 16, "fp32", 1.0, fixed=(("recompute", "none"), ("micro_batch", 2),
+                                                             ("virtual", 1)), overlap=False)
+
+
+def saved_machine(tmp_path, machine=MEASURED):
+    path = tmp_path / "machine.json"
+    path.write_text(json.dumps({"machine": machine.to_dict()}))
+    return path
+
+
+def test_ranks_sharing_cores_pay_for_the_bubble_only_when_too_few_are_busy():
+    # pp 2, m 2: f = 1/3. Work W at a rank's loaded share (c/N of a core); the critical path at a core
+    # each is W (c/N) / (1 - f). 8 ranks on 2 cores: 0.375 W < W, no bubble; on 6 cores 1.125 W: 0.125 W;
+    # a device each (cores 0): W f / (1 - f) = 0.5 W, the GPU formula.
+    f = bubble_fraction(2, 2)
+    assert f == pytest.approx(1 / 3)
+    c = Candidate(4, 1, 2, 1, 0, "none", 2, 2, False, 0.0)
+    job = Job(PRESETS["tiny"], 8, 64, 16, "fp32", 1.0, overlap=False)
+    for cores, share in ((2, 0.0), (6, 0.125), (0, 0.5)):
+        gpu = replace(cpu_ranks(8, 2, 1e10, 1.0, 100.0, 2**30), cores=cores)
+        t = step_terms(job, gpu, c, memory_setup(job, c, 1), 1)
+        work = t["compute"] + t["tp"] + t["pp"] + t["cp"]
+        assert work > 0 and t["bubble"] == pytest.approx(share * work, rel=1e-9, abs=1e-15), cores
+
+
+def test_the_plan_keeps_the_fixed_micro_batch_and_plain_1f1b():
+    result = plan(TINY_JOB, MEASURED.cluster())
+    assert result.ranked and {(c.micro_batch, c.virtual, c.recompute) for c in result.ranked} == {(2, 1, "none")}
+    layouts_ = {c.layout for c in result.ranked}
+    # tiny: 4 heads (tp 1, 2, 4), 2 layers (pp 1, 2), seq 64 (cp to 8): the 15 products of 8 ranks
+    assert len(layouts_) == 15 and all(dp * tp * pp * cp == 8 for dp, tp, pp, cp in layouts_)
+
+
+@pytest.mark.e2e
+def test_plan_here_measures_this_machine_and_a_saved_machine_plans_alike(cli, tmp_path):
+    out = cli("plan", "--here", "--gpus", "2", "--model", "tiny", "--seq", "64", "--global-batch", "4",
+              "--micro-batch", "2", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = json.loads(out.stdout)                        # stdout is the JSON alone; the figures went to stderr
+    assert "this machine: 2 CPU ranks" in out.stderr
+    m = first["machine"]
+    assert m["ranks"] == 2 and m["flops"] > 1e7 and m["busbw_gbs"] > 0 and m["latency_us"] > 0 and m["memory"] > 2**20
+    assert first["gpu"]["cores"] == m["cores"] and first["job"]["precision"] == "fp32"
+    assert {(c["dp"], c["tp"], c["pp"], c["cp"]) for c in first["candidates"]} <= {(2, 1, 1, 1), (1, 2, 1, 1),
+                                                                                   (1, 1, 2, 1), (1, 1, 1, 2)}
+    saved = tmp_path / "plan.json"
+    saved.write_text(out.stdout)
+    again = cli("plan", "--here", "--gpus", "2", "--model", "tiny", "--seq", "64", "--global-batch", "4",
+                "--micro-batch", "2", "--json", "--machine", saved)
+    assert again.returncode == 0 and "this machine" not in again.stderr   # read, not measured
+    assert json.loads(again.stdout)["candidates"] == first["candidates"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--here", "--gpu", "A100"], "--here measures this machine; drop --gpu"),
+    (["--machine", "nope.json"], "--machine gives this machine's figures: use it with --here"),
+    (["--here", "--gpus", "1"], "--gpus 1: measuring this machine takes 2 or more ranks"),
+    (["--here", "--gpus", "4", "--machine", "SAVED"], "was measured with 8 ranks; plan with --gpus 8"),
+    (["--here", "--gpus", "8", "--machine", "README.md"], "--machine README.md: not a plan's JSON"),
+    (["--gpus", "8", "--global-batch", "16", "--micro-batch", "3"], "--micro-batch 3 must divide"),
+])
+def test_plan_here_bad_input_is_one_line(quick_cli, tmp_path, args, says):
+    args = [str(saved_machine(tmp_path)) if a == "SAVED" else a for a in args]
+    out = quick_cli("plan", "--model", "tiny", "--seq", "64", *args)
+    assert out.returncode == 2 and says in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def planned_json(quick_cli, tmp_path, *extra) -> str:
+    out = quick_cli("plan", "--here", "--machine", saved_machine(tmp_path), "--gpus", "8", "--model", "tiny", "--seq",
+                    "64", "--global-batch", "16", "--micro-batch", "2", "--all", "--top", "100", "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path / "plan.json"
+    path.write_text(out.stdout)
+    return str(path)
+
+
+def test_a_plan_candidate_becomes_the_labs_settings(quick_cli, tmp_path):
+    spec = planned_json(quick_cli, tmp_path, "--recompute", "none", "--virtual", "1")
+    candidates = json.loads(Path(spec).read_text())["candidates"]
+    pick = next(i for i, c in enumerate(candidates, 1) if (c["tp"], c["pp"], c["cp"], c["zero"]) == (2, 2, 1, 1))
+    c = candidates[pick - 1]
+    lab, variant = flow.choose("4d")
+    opts = flow.with_layout(lab, variant, Options(gpus=8, cpu=True, sets=["train.steps=3"]), f"{spec}:{pick}")
+    s = flow.prepare(lab, variant, opts).resolved.settings
+    assert s["parallel"] == {"tp": 2, "pp": 2, "cp": 1} and s["ds"]["stage"] == 1
+    assert (s["ds"]["micro_batch"], s["ds"]["grad_accum"]) == (2, c["micro_batches"]) == (2, 4)
+    assert s["tp"]["sequence_parallel"] == c["sp"] and s["train"]["steps"] == 3   # the user's --set still counts
+    assert s["planned"]["step_s"] == pytest.approx(c["step_s"], rel=1e-5)
+    assert s["planned"]["tp"] == pytest.approx(c["terms_s"]["tp"], rel=1e-5)
+
+
+def test_layouts_the_lab_cannot_run_are_refused_in_one_line(quick_cli, tmp_path):
+    spec = planned_json(quick_cli, tmp_path)                    # recomputation and interleaving left free
+    candidates = json.loads(Path(spec).read_text())["candidates"]
+    full = next(i for i, c in enumerate(candidates, 1) if c["recompute"] != "none")
+    for args, says in ((["--layout", f"{spec}:{full}"], "recomputes"),
+                       (["--layout", f"{spec}:999"], f"the plan lists {len(candidates)} candidates"),
+                       (["--layout", "README.md"], "--layout README.md: not a plan's JSON"),
+                       (["--layout", spec, "--set", "model.seq=32"], "the plan is for another run: seq 64 (the lab's 32)"),
+                       (["--layout", spec, "--sweep"], "--sweep runs every layout itself")):
+        out = quick_cli("lab", "run", "4d", "--gpus", "8", "--cpu", "--dry-run", *args)
+        assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1
+    out = quick_cli("lab", "run", "zero", "--gpus", "2", "--cpu", "--dry-run", "--layout", spec)
+    assert out.returncode == 2 and "lab zero takes no planner layout" in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_rank_correlation_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats", reason="scipy: the independent Spearman")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sweep_report", labs.find("4d")[0].folder / "sweep_report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    for x, y in (([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]), ([0.1, 0.1, 0.3, 0.2], [5, 6, 7, 7]), ([3, 1, 2], [1, 2, 3])):
+        assert report.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic, abs=1e-12)
+
+
+@pytest.mark.e2e
+def test_the_sweep_runs_planned_layouts_and_reports_predicted_against_measured(tmp_path, monkeypatch):
+    # the whole sweep is 15 layouts (about 12 minutes here): the test keeps the planner's first and last
+    planned = layouts.planned
+
+    def two(*args):
+        found = planned(*args)
+        return found._replace(runs=[found.runs[0], found.runs[-1]])
+
+    monkeypatch.setattr(layouts, "planned", two)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from rich.console import Console
+    with open(tmp_path / "console.txt", "w") as out:
+        sweep_dir = flow.sweep("4d", Options(gpus=8, cpu=True, steps=2), Console(file=out, width=160),
+                               runs=tmp_path / "runs")
+    record = json.loads((sweep_dir / "sweep.json").read_text())
+    assert record["machine"]["ranks"] == 8 and len(record["runs"]) == len(record["planned"]) == 2
+    assert record["planned"][0]["step_s"] <= record["planned"][1]["step_s"]        # the planner's order
+    report = json.loads((sweep_dir / "sweep_report.json").read_text())
+    for row, run in zip(report["rows"], record["runs"]):
+        summary = json.loads((Path(run) / "summary.json").read_text())
+        assert summary["passed"], summary["checks"]                           # every layout follows the dense model
+        step = next(f for f in summary["figures"] if f["name"] == "step time")
+        assert row["measured_s"] == step["value"] and step["predicted"] == pytest.approx(row["predicted_s"], rel=1e-5)
+    assert report["median_error"] == pytest.approx(statistics.median(
+        abs(r["predicted_s"] / r["measured_s"] - 1) for r in report["rows"]))
+    assert (sweep_dir / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
