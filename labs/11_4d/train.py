@@ -176,17 +176,17 @@ if S["pipeline"]["engine"] == "plscale":
             (v, predicted[k]) for k in rows if predicted[k] for v in rows[k]], 0.02))
 
 # ---- Where the last step's time went, and the bubble against (p-1)/(m+p-1) (plscale's engine) ----
-# forward + backward hold tp's all-reduces and cp's ring; send/recv holds the waits for a neighbour
+# the planner's terms where they can be told apart: tp's collectives and cp's waits timed inside F and B
 figures = figures_memory if S["pipeline"]["engine"] == "plscale" and ctx.is_main else []
 if S["pipeline"]["engine"] == "plscale":
-    parts = train_step.parts(times[-1])
+    parts = train_step.parts(times[-1], ops.TALLY.seconds, sum(ring.TALLY.waited.values()))
     in_first = mesh.rank in layout.groups("pp")[0]  # the pipeline of rank 0, drawn as a timeline
     timed = gathered((parts, [o.to_dict() for o in train_step.ops] if in_first else []))
     if ctx.is_main:
         ctx.log("\nthe last step's time by part, ms (on 2 shared cores the ranks take turns: read the shares)")
-        ctx.log("  rank " + "".join(f"{k:>22}" for k in parts))
+        ctx.log("  rank " + "".join(f"{k:>18}" for k in parts))
         for r, (split_ms, _) in enumerate(timed):
-            ctx.log(f"  r{r:<4}" + "".join(f"{1e3 * v:22.1f}" for v in split_ms.values()))
+            ctx.log(f"  r{r:<4}" + "".join(f"{1e3 * v:18.1f}" for v in split_ms.values()))
         measured_ops = [plan.Op(**o) for _, ops_ in timed for o in ops_]
         bubble, theory = plan.bubble_of(measured_ops), plan.bubble_fraction(PP, m)
         timeline.draw_pair(ctx.run_dir / "timeline.png", measured_ops, plan.simulate("1f1b", PP, m),

@@ -56,6 +56,8 @@ class Tally:
                      the chunk pairs actually computed (compare: attention_work)
     compute_seconds  time spent computing on blocks, not waiting for them (on CUDA, kernels run
                      asynchronously: measured with CUDA events, read when asked for)
+    waited           seconds spent waiting for the next block after computing on this one: the
+                     ring's exposed communication (on the host: under CUDA the wait is queued)
     """
 
     def __init__(self):
@@ -65,6 +67,7 @@ class Tally:
         self.sends, self.sent_bytes = defaultdict(int), defaultdict(int)
         self.scores, self._seconds, self._events = defaultdict(int), defaultdict(float), defaultdict(list)
         self.pending = 0  # scores of the chunk pairs handed out since the last count
+        self.waited = defaultdict(float)
 
     def start(self, device: torch.device):
         """A mark to pass to `count` when the step's compute is queued."""
@@ -131,9 +134,11 @@ class Ring:
         return dist.batch_isend_irecv(ops), received
 
 
-def _wait(requests) -> None:
+def _wait(requests, phase: str) -> None:
+    start = time.perf_counter()
     for request in requests:
         request.wait()
+    TALLY.waited[phase] += time.perf_counter() - start
 
 
 def _pairs(ring: Ring, owner: int, causal: bool):
@@ -233,7 +238,7 @@ class RingAttention(torch.autograd.Function):
                 lse[..., qs] = new_lse
             TALLY.count("forward", started)
             if step < ring.cp - 1:
-                _wait(requests)
+                _wait(requests, "forward")
                 k_held, v_held = k_next, v_next
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -263,11 +268,11 @@ class RingAttention(torch.autograd.Function):
                 dv_held[:, :, ks] += _fold(dv_b, group)
             TALLY.count("backward", started)
             if step < ring.cp - 1:
-                _wait(requests)
+                _wait(requests, "backward")
                 k_held, v_held = k_next, v_next
             if ring.cp > 1:   # dk, dv follow their block; after the last step they reach its owner
                 requests, (dk_held, dv_held) = ring.exchange([dk_held, dv_held], "backward")
-                _wait(requests)
+                _wait(requests, "backward")
         return dq.to(q.dtype), dk_held.to(k.dtype), dv_held.to(v.dtype), None, None, None
 
 

@@ -102,15 +102,18 @@ class HybridStep:
         self.seconds = {"schedule": t1 - t0, "gradient all-reduces": t2 - t1, "optimizer": time.perf_counter() - t2}
         return self.mean_loss(losses)
 
-    def parts(self, step_s: float) -> dict:
-        """Where the last step's `step_s` seconds went: forward + backward (tp's collectives and cp's
-        ring inside them), waits for a pipeline neighbour, the dp x cp gradients, the optimizer, the rest."""
+    def parts(self, step_s: float, tp_s: float = 0.0, cp_s: float = 0.0) -> dict:
+        """Where the last step's `step_s` seconds went, by the planner's terms where they can be told
+        apart: the forward and backward less the tp collectives (tp_s) and the ring's waits (cp_s)
+        inside them, the waits for a pipeline neighbour (the bubble and pp's sends), the dp x cp
+        gradients, the optimizer and the rest (loss, data)."""
         def took(*kinds):
             return sum(o.end - o.start for o in self.ops if o.kind in kinds)
 
-        out = {"forward + backward": took("F", "B"), "pipeline send/recv": took("send", "recv"),
-               "gradient all-reduces": self.seconds["gradient all-reduces"], "optimizer": self.seconds["optimizer"]}
-        out["rest (loss, data)"] = step_s - sum(out.values())
+        out = {"compute": took("F", "B") - tp_s - cp_s, "tp comm": tp_s, "cp waits": cp_s,
+               "pp waits, bubble": took("send", "recv"), "dp x cp comm": self.seconds["gradient all-reduces"],
+               "optimizer": self.seconds["optimizer"]}
+        out["rest"] = step_s - sum(out.values())
         return out
 
     @torch.no_grad()

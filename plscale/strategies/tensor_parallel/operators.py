@@ -44,7 +44,8 @@ def all_reduce(x: torch.Tensor, group, phase: str, op=dist.ReduceOp.SUM) -> torc
     """A summed (or max) copy of x over the group."""
     TALLY.add("all_reduce", phase, _bytes(x))
     x = x.contiguous().clone()
-    dist.all_reduce(x, op=op, group=group)
+    with TALLY.timed():
+        dist.all_reduce(x, op=op, group=group)
     return x
 
 
@@ -53,7 +54,8 @@ def all_gather_along_sequence(x: torch.Tensor, group, phase: str) -> torch.Tenso
     t = dist.get_world_size(group)
     front = x.transpose(0, SEQ).contiguous()           # the sequence first: gathered slices stack on dim 0
     out = front.new_empty((front.shape[0] * t, *front.shape[1:]))
-    all_gather_single(out, front, group=group)
+    with TALLY.timed():
+        all_gather_single(out, front, group=group)
     TALLY.add("all_gather", phase, _bytes(out))
     return out.transpose(0, SEQ).contiguous()
 
@@ -66,7 +68,8 @@ def reduce_scatter_along_sequence(x: torch.Tensor, group, phase: str) -> torch.T
         raise ValueError(f"sequence of {front.shape[0]} tokens does not split over {t} ranks")
     out = front.new_empty((front.shape[0] // t, *front.shape[1:]))
     TALLY.add("reduce_scatter", phase, _bytes(front))
-    reduce_scatter_single(out, front, group=group)
+    with TALLY.timed():
+        reduce_scatter_single(out, front, group=group)
     return out.transpose(0, SEQ).contiguous()
 
 
