@@ -23,6 +23,7 @@ def assert_follows_dense(s: dict) -> None:
             "tp collectives per step as predicted, every rank"} <= names, names
     if s["engine"] == "plscale":  # ZeRO-1's states and the step's other collectives, counted by plscale's engine
         assert any("model states" in n for n in names) and sum("as predicted" in n for n in names) >= 2, names
+        assert "activations per rank match the memory model" in names, names   # 1F1B's pp - s in flight
     assert ("ring attention's bytes per step as predicted, every rank" in names) == (s["cp"] > 1), names
     assert len(s["losses"]) == 2
     assert s["loss_gap"] < 1e-6          # measured: 6e-8 (float32 sums in another order)

@@ -27,6 +27,7 @@ import torch
 
 from plscale.charts import plots, timeline
 from plscale.predict import context_parallel as cp_predict, hybrid, memory, pipeline as plan, tensor_parallel as tp_predict
+from plscale.predict.activations import activation_bytes
 from plscale.predict.presets import param_count, preset
 from plscale.predict.step_time import LABELS, TERMS
 from plscale.predict.units import MiB
@@ -140,22 +141,16 @@ tp_want = tp_predict.by_op_phase(tp_predict.collectives(config, TP, seq // CP, m
                                                         layers=per_stage, embedding=first, head=last))
 block = cp_predict.ring_bytes(micro, seq, CP, config.kv_heads // TP, config.head_dim, 4)
 ring_want = {"forward": block.forward * per_stage * m, "backward": block.backward * per_stage * m}
-counts = gathered((tp_sent, tp_want, ring_sent, ring_want))
-if ctx.is_main:
-    ctx.log(f"\ncollectives per step (step {census}), measured/predicted: tp calls and MiB by op and phase; "
-            f"cp: MiB of k/v (and dk/dv) ring attention sent")
-    for r, (got, want, ring_got, ring_exp) in enumerate(counts):
-        tp_text = ", ".join(f"{o} {ph} {got.get((o, ph), (0, 0))[0]}/{c} calls {got.get((o, ph), (0, 0))[1] / MiB:.3f}/"
-                            f"{b / MiB:.3f} MiB" for (o, ph), (c, b) in want.items())
-        ctx.log(f"  r{r}  tp: {tp_text or '-'};  cp: {sum(ring_got.values()) / MiB:.3f}/{sum(ring_exp.values()) / MiB:.3f}")
-    if TP > 1:
-        ctx.check("tp collectives per step as predicted, every rank", all(c[0] == c[1] for c in counts),
-                  f"{sum(n for c in counts for n, _ in c[0].values())} calls measured on {len(counts)} ranks, "
-                  f"{sum(n for c in counts for n, _ in c[1].values())} predicted")
-    if CP > 1:
-        ctx.check("ring attention's bytes per step as predicted, every rank", all(c[2] == c[3] for c in counts),
-                  f"{sum(sum(c[2].values()) for c in counts) / MiB:.2f} MiB measured on {len(counts)} ranks, "
-                  f"{sum(sum(c[3].values()) for c in counts) / MiB:.2f} MiB predicted")
+counts = gathered(((tp_sent, tp_want), (ring_sent, ring_want)))
+if ctx.is_main and TP > 1:
+    ctx.log(f"\ntp collectives per step (step {census}) by op and phase: calls and MiB, measured/predicted")
+    ctx.check(*per_rank_counts(ctx.log, "tp collectives per step as predicted, every rank", [c[0] for c in counts]))
+if ctx.is_main and CP > 1:
+    ctx.log("ring attention's k/v (and dk/dv) sent per step, MiB, measured/predicted: " + ", ".join(
+        f"r{r} {sum(got.values()) / MiB:.3f}/{sum(want.values()) / MiB:.3f}" for r, (_, (got, want)) in enumerate(counts)))
+    ctx.check("ring attention's bytes per step as predicted, every rank", all(g == w for _, (g, w) in counts),
+              f"{sum(sum(g.values()) for _, (g, _) in counts) / MiB:.2f} MiB measured on {len(counts)} ranks, "
+              f"{sum(sum(w.values()) for _, (_, w) in counts) / MiB:.2f} MiB predicted")
 
 # pp's sends, the tied all-reduce, dp x cp's reduction against predict/hybrid.py; the model states (census after
 # the backward: gradients whole, as while micro-batches accumulate) against predict/memory.py's largest stage
@@ -164,16 +159,22 @@ if S["pipeline"]["engine"] == "plscale":
     setup = replace(memory.setup_from_ds_config(ds, dp * CP, config, seq), tp=TP, pp=PP, cp=CP, sp=SP,
                     reduce_in_backward=False)   # zero1.py reduces after the schedule, from whole gradients
     predicted = {t.name: t.total for t in memory.estimate(setup).terms if t.name in memory.MODEL_STATES}
-    predicted["model_states"], measured = sum(predicted.values()), gathered((rest_sent, rest_want, train_step.census))
+    # activations in flight at their peak: 1F1B holds pp - s micro-batches on stage s, each its layers' (and the head's)
+    acts = (train_step.activations_peak, plan.in_flight("1f1b", PP, m, stage_id) * activation_bytes(setup, per_stage, last))
+    predicted["model_states"], measured = sum(predicted.values()), gathered((rest_sent, rest_want, train_step.census, acts))
     if ctx.is_main:
         ctx.log("\npipeline sends, tied all-reduce, dp x cp gradients, per step: calls and MiB, measured/predicted")
         ctx.check(*per_rank_counts(ctx.log, "pp sends, tied and dp x cp collectives per step as predicted, every rank",
-                                   [(got, want) for got, want, _ in measured]))
-        rows = per_rank([c for *_, c in measured], (*memory.MODEL_STATES, "model_states"))
+                                   [(got, want) for got, want, *_ in measured]))
+        rows = per_rank([c for *_, c, _ in measured], (*memory.MODEL_STATES, "model_states"))
         ctx.log(f"\nmodel states per rank, MiB (census after step {census}'s backward); ZeRO-{ZERO} over dp x cp = {dp * CP}")
         figures_memory = memory_table(ctx.log, rows, predicted, width=26)[1]
         ctx.check(*within("model states per rank match the memory model, every term", [
             (v, predicted[k]) for k in rows if predicted[k] for v in rows[k]], 0.02))
+        acts = [a for *_, a in measured]
+        ctx.log("activations in flight at their peak, MiB, measured/predicted: "
+                + ", ".join(f"r{r} {got / MiB:.3f}/{want / MiB:.3f}" for r, (got, want) in enumerate(acts)))
+        ctx.check(*within("activations per rank match the memory model", acts, 0.02))
 
 # ---- Where the last step's time went, and the bubble against (p-1)/(m+p-1) (plscale's engine) ----
 # the planner's terms where they can be told apart: tp's collectives and cp's waits timed inside F and B

@@ -31,16 +31,18 @@ each sees its own tokens, and a hook of the stage's sums them over tp in backwar
     step.ops                         # the last step's timed forwards, backwards, sends, receives (a timeline)
     step.seconds                     # its time by part: schedule, gradient all-reduces, optimizer
     step.sent                        # its collectives: (op, what) -> (calls, bytes of each call's tensor)
-    step.census_next = True          # the next step counts its tensors after the backward: step.census
+    step.census_next = True          # the next step counts its tensors after the backward: step.census,
+                                     # and its activations in flight at their peak: step.activations_peak
 """
 
+import contextlib
 import time
 
 import torch
 import torch.distributed as dist
 
 from plscale.predict.pipeline import Op
-from plscale.rank.census import census
+from plscale.rank.census import activations_in_flight, census
 from plscale.rank.mesh import Mesh
 from plscale.rank.optim import optimizer
 from plscale.strategies.hybrid.zero1 import Zero1AdamW
@@ -59,7 +61,7 @@ class HybridStep:
                                         lambda op, nbytes: self._count(op, "dp-cp", nbytes))
         else:
             self.optimizer = optimizer(stage.parameters(), ds_config)
-        self.sent, self.census_next, self.census = {}, False, None
+        self.sent, self.census_next, self.census, self.activations_peak = {}, False, None, 0
         self.tied = TiedGroups.build(mesh, stage.config)  # a collective: every rank builds every group
         self.device = next(stage.parameters()).device
         self.ops, self.seconds = [], {}
@@ -89,7 +91,9 @@ class HybridStep:
                            (micro, local, self.stage.config.hidden), torch.float32, self.device, self._record)
         run = Schedule(self.stage, links, self.stage.loss, self.s == 0, self.s == self.p - 1, self._record)
         self.ops, self.sent, t0 = [], {}, time.perf_counter()
-        losses = run.one_f_one_b(micro_batches, self.p, self.s)
+        with activations_in_flight() if self.census_next else contextlib.nullcontext() as acts:
+            losses = run.one_f_one_b(micro_batches, self.p, self.s)
+        self.activations_peak = acts.peak if acts else self.activations_peak
         for (direction, calls, nbytes) in links.sent():
             self.sent[("send", direction)] = (calls, nbytes)
         if self.census_next:   # the gradients whole, as while micro-batches accumulate: their peak
