@@ -1,21 +1,29 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv, install, run the main lab on 2 ranks (CPU over gloo when no GPU)
 #   make test   create .venv, install, run the whole test suite
-# TORCH_SPEC picks the torch build; the default is the CPU wheel. A GPU user sets e.g.
-#   make demo TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu126"
-PYTHON     ?= python3
-VENV       ?= .venv
-TORCH_SPEC ?= torch==2.13.0
-DEMO_LAB   ?= zero2
-BIN        := $(VENV)/bin
+#
+# torch: on Linux the public index's torch is the CUDA build, several GB of nvidia-* packages. On a
+# machine without an NVIDIA GPU (no nvidia-smi) pip also reads PyTorch's CPU wheel index and takes
+# its 2.13.0+cpu (a local version sorts above 2.13.0); the public index stays the fallback. With
+# nvidia-smi, the public index's CUDA build. Another build: make demo TORCH_INDEX=https://download.pytorch.org/whl/cu126
+# Versions: constraints.txt, what the references were measured with; CONSTRAINTS= lifts them.
+PYTHON      ?= python3
+VENV        ?= .venv
+CPU_INDEX   := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,$(CPU_INDEX))
+TORCH_SPEC  ?= torch
+CONSTRAINTS ?= constraints.txt
+DEMO_LAB    ?= zero2
+BIN         := $(VENV)/bin
+PINS        := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
 .PHONY: setup demo test bench clean
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q $(PINS) $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) $(TORCH_SPEC)
+	$(BIN)/pip install -q $(PINS) -e '.[dev]'
 	touch $@
 
 demo: setup

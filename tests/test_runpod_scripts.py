@@ -242,6 +242,7 @@ def bootstrap_env(tmp_path, gpu: bool) -> tuple:
     (project / "runpod").mkdir(parents=True)
     shutil.copy(SCRIPTS / "bootstrap.sh", project / "runpod")
     (project / "pyproject.toml").write_text('[project]\nname = "plscale"\n')
+    shutil.copy(SCRIPTS.parent / "constraints.txt", project)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_ins = {"python": STAND_IN_PYTHON, "plscale": '#!/bin/bash\necho "plscale $*" >> "$CALLS"\n',
@@ -263,7 +264,9 @@ def test_bootstrap_installs_keeps_torch_and_records_pyproject(tmp_path):
                                 text=True, timeout=30)
         assert result.returncode == 0, result.stderr
     log = calls.read_text()
-    assert log.count("python -m pip install -q -e .") == 2
+    assert log.count("python -m pip install -q -c .plscale/constraints-pod.txt -e .") == 2
+    pins = (project / ".plscale/constraints-pod.txt").read_text()   # the references' versions, not their torch
+    assert "deepspeed==" in pins and "\ntorch==" not in "\n" + pins
     assert "cuda.is_available" in log and log.count("plscale doctor") == 2
     digest = hashlib.sha256((project / "pyproject.toml").read_bytes()).hexdigest()
     assert (project / ".plscale/bootstrapped").read_text() == digest + "\n"

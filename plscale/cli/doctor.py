@@ -3,8 +3,10 @@
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -70,6 +72,12 @@ def doctor(
     row("jax", None, _jax(torch.cuda.is_available()))
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     built = sorted({p.name for p in cache.glob("*/*") if p.is_dir()}) if cache.is_dir() else []
+    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
+    row("C++ build", True if compiler and headers else None,
+        f"{compiler}, Python.h found: DeepSpeed can build cpu_adam" if compiler and headers else
+        f"{'no C++ compiler' if not compiler else 'no Python.h'}: the offload variants (zero2-offload, zero3-offload) "
+        f"build DeepSpeed's cpu_adam and will fail; install g++ and the Python headers (apt install g++ python3-dev)")
     row("JIT op cache", None, f"{cache}: {', '.join(built) or 'empty (ops compile on first use, ~30-40 s each)'}")
     row("hub", None, "reachable" if hub_reachable() else "unreachable: offline data paths are used")
     found = labs.all_labs()
