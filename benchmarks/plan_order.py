@@ -33,8 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

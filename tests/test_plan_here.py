@@ -2,7 +2,6 @@
 (`--layout plan.json[:N]`, `--sweep`). The sweep end to end runs two of its layouts on 8 CPU ranks."""
 
 import json
-import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from plscale.run.launch import Options
 from plscale.run.machine import Machine
 
 # measured 2026-11-28 on the 2-core CI machine: `plscale plan --here --gpus 8 --model tiny --seq 64 --micro-batch 2`
-MEASURED = Machine(8, 2, 12.36e9, 0.51, 1557.0, 2.8 * 2**30, "the 2 x 64-token forward and backward of tiny")
+MEASURED = Machine(8, 2, 12.36e9, 0.51, 1557.0, 2.8 * 2**30,
+                   "the 2 x 64-token forward and backward of a 128-wide, 2-layer Llama")
 TINY_JOB = Job(PRESETS["tiny"], 8, 64, 16, "fp32", 1.0, fixed=(("recompute", "none"), ("micro_batch", 2),
                                                              ("virtual", 1)), overlap=False)
 
@@ -30,19 +30,22 @@ def saved_machine(tmp_path, machine=MEASURED):
     return path
 
 
-def test_ranks_sharing_cores_pay_for_the_bubble_only_when_too_few_are_busy():
-    # pp 2, m 2: f = 1/3. Work W at a rank's loaded share (c/N of a core); the critical path at a core
-    # each is W (c/N) / (1 - f). 8 ranks on 2 cores: 0.375 W < W, no bubble; on 6 cores 1.125 W: 0.125 W;
-    # a device each (cores 0): W f / (1 - f) = 0.5 W, the GPU formula.
-    f = bubble_fraction(2, 2)
-    assert f == pytest.approx(1 / 3)
+def test_ranks_sharing_cores_pay_the_bubble_as_a_gpu_does_only_with_a_core_each():
+    # Properties of step_time's shared-core rule, not its arithmetic: with a core for every rank it is
+    # the GPU formula W f / (1 - f) (pp 2, m 2: f = 1/3, half of W); with fewer cores the bubble costs
+    # less, never more; with 8 ranks on 2 cores, where the stages that wait leave 4 ranks busy, nothing.
     c = Candidate(4, 1, 2, 1, 0, "none", 2, 2, False, 0.0)
     job = Job(PRESETS["tiny"], 8, 64, 16, "fp32", 1.0, overlap=False)
-    for cores, share in ((2, 0.0), (6, 0.125), (0, 0.5)):
+    assert bubble_fraction(2, 2) == pytest.approx(1 / 3)
+
+    def bubble_share(cores):
         gpu = replace(cpu_ranks(8, 2, 1e10, 1.0, 100.0, 2**30), cores=cores)
         t = step_terms(job, gpu, c, memory_setup(job, c, 1), 1)
-        work = t["compute"] + t["tp"] + t["pp"] + t["cp"]
-        assert work > 0 and t["bubble"] == pytest.approx(share * work, rel=1e-9, abs=1e-15), cores
+        return t["bubble"] / (t["compute"] + t["tp"] + t["pp"] + t["cp"])
+
+    assert bubble_share(0) == pytest.approx(0.5) and bubble_share(8) == pytest.approx(0.5)
+    shares = [bubble_share(cores) for cores in range(1, 9)]
+    assert shares == sorted(shares) and shares[1] == 0.0 and 0 < shares[5] < 0.5
 
 
 def test_the_plan_keeps_the_fixed_micro_batch_and_plain_1f1b():
@@ -63,7 +66,7 @@ def test_plan_here_measures_this_machine_and_a_saved_machine_plans_alike(cli, tm
     m = first["machine"]
     assert m["ranks"] == 2 and m["flops"] > 1e7 and m["busbw_gbs"] > 0 and m["latency_us"] > 0 and m["memory"] > 2**20
     assert first["gpu"]["cores"] == m["cores"] and first["job"]["precision"] == "fp32"
-    assert {(c["dp"], c["tp"], c["pp"], c["cp"]) for c in first["candidates"]} <= {(2, 1, 1, 1), (1, 2, 1, 1),
+    assert {(c["dp"], c["tp"], c["pp"], c["cp"]) for c in first["candidates"]} == {(2, 1, 1, 1), (1, 2, 1, 1),
                                                                                    (1, 1, 2, 1), (1, 1, 1, 2)}
     saved = tmp_path / "plan.json"
     saved.write_text(out.stdout)
@@ -97,36 +100,74 @@ def planned_json(quick_cli, tmp_path, *extra) -> str:
     return str(path)
 
 
-def test_a_plan_candidate_becomes_the_labs_settings(quick_cli, tmp_path):
+def test_a_plan_candidate_becomes_the_labs_settings_and_names_the_run(quick_cli, tmp_path):
     spec = planned_json(quick_cli, tmp_path, "--recompute", "none", "--virtual", "1")
     candidates = json.loads(Path(spec).read_text())["candidates"]
     pick = next(i for i, c in enumerate(candidates, 1) if (c["tp"], c["pp"], c["cp"], c["zero"]) == (2, 2, 1, 1))
     c = candidates[pick - 1]
     lab, variant = flow.choose("4d")
-    opts = flow.with_layout(lab, variant, Options(gpus=8, cpu=True, sets=["train.steps=3"]), f"{spec}:{pick}")
-    s = flow.prepare(lab, variant, opts).resolved.settings
+    opts = Options(gpus=8, cpu=True, sets=["train.steps=3"])
+    chosen = flow.layout_variant(lab, variant, opts, f"{spec}:{pick}")
+    assert chosen.name == "dp2-tp2-pp2-cp1"
+    s = flow.prepare(lab, chosen, opts).resolved.settings
     assert s["parallel"] == {"tp": 2, "pp": 2, "cp": 1} and s["ds"]["stage"] == 1
     assert (s["ds"]["micro_batch"], s["ds"]["grad_accum"]) == (2, c["micro_batches"]) == (2, 4)
     assert s["tp"]["sequence_parallel"] == c["sp"] and s["train"]["steps"] == 3   # the user's --set still counts
     assert s["planned"]["step_s"] == pytest.approx(c["step_s"], rel=1e-5)
     assert s["planned"]["tp"] == pytest.approx(c["terms_s"]["tp"], rel=1e-5)
+    shown = quick_cli("lab", "run", "4d", "--gpus", "8", "--cpu", "--dry-run", "--layout", f"{spec}:{pick}")
+    assert shown.returncode == 0 and "4d / dp2-tp2-pp2-cp1" in shown.stdout and "predicted step" in shown.stdout
 
 
 def test_layouts_the_lab_cannot_run_are_refused_in_one_line(quick_cli, tmp_path):
     spec = planned_json(quick_cli, tmp_path)                    # recomputation and interleaving left free
     candidates = json.loads(Path(spec).read_text())["candidates"]
     full = next(i for i, c in enumerate(candidates, 1) if c["recompute"] != "none")
+    gpu_plan = quick_cli("plan", "--model", "tiny", "--gpus", "8", "--seq", "64", "--global-batch", "16", "--json")
+    (tmp_path / "h100.json").write_text(gpu_plan.stdout)
+    wider = tmp_path / "wider.json"
+    wider.write_text(quick_cli("plan", "--here", "--machine", saved_machine(tmp_path), "--gpus", "8", "--model", "tiny",
+                               "--seq", "64", "--global-batch", "16", "--layers", "4", "--json").stdout)
     for args, says in ((["--layout", f"{spec}:{full}"], "recomputes"),
                        (["--layout", f"{spec}:999"], f"the plan lists {len(candidates)} candidates"),
                        (["--layout", "README.md"], "--layout README.md: not a plan's JSON"),
+                       (["--layout", str(tmp_path / "h100.json")], "a plan for H100 SXM5 80GB, not this machine"),
+                       (["--layout", str(wider)], "a changed shape of tiny"),
                        (["--layout", spec, "--set", "model.seq=32"], "the plan is for another run: seq 64 (the lab's 32)"),
+                       (["--layout", spec, "--set", "parallel.tp=2"], "--layout chooses parallel.tp itself"),
+                       (["--sweep", "--set", "ds.grad_accum=2"], "--sweep chooses ds.grad_accum itself"),
                        (["--layout", spec, "--sweep"], "--sweep runs every layout itself")):
-        out = quick_cli("lab", "run", "4d", "--gpus", "8", "--cpu", "--dry-run", *args)
+        out = quick_cli("lab", "run", "4d", "--gpus", "8", "--cpu", *args)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1
-    out = quick_cli("lab", "run", "zero", "--gpus", "2", "--cpu", "--dry-run", "--layout", spec)
+    out = quick_cli("lab", "run", "zero", "--gpus", "2", "--cpu", "--layout", spec)
     assert out.returncode == 2 and "lab zero takes no planner layout" in out.stderr
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs").exists()                     # refused before any run directory
+
+
+def test_a_failed_run_does_not_stop_the_sweep(tmp_path, monkeypatch):
+    lab, _ = flow.choose("zero", sweep=True)
+    prepared = flow.prepare_sweep(lab, Options(gpus=2, cpu=True))
+    made = []
+
+    def launch(p, console, command, runs):      # the first variant's ranks fail, the others finish
+        run_dir = tmp_path / p.resolved.variant.name
+        if not made:
+            made.append(run_dir)
+            raise flow.RunFailed(3, run_dir)
+        made.append(run_dir)
+        return run_dir
+
+    monkeypatch.setattr(flow, "launch", launch)
+    monkeypatch.setattr(lab, "sweep_report", None)
+    with pytest.raises(flow.RunFailed) as failed:
+        flow.run_sweep(lab, prepared._replace(record={"per_run": list(range(len(lab.sweep))), "note": "kept"}),
+                       runs=tmp_path / "runs")
+    record = json.loads((failed.value.run_dir / "sweep.json").read_text())
+    assert failed.value.code == 3 and len(made) == len(lab.sweep)
+    assert record["variants"] == lab.sweep[1:] and record["runs"] == [str(d) for d in made[1:]]
+    assert record["failed"] == [{"variant": lab.sweep[0], "run": str(made[0]), "exit_code": 3}]
+    assert record["per_run"] == list(range(1, len(lab.sweep))) and record["note"] == "kept"
 
 
 def test_rank_correlation_matches_scipy():
@@ -141,7 +182,7 @@ def test_rank_correlation_matches_scipy():
 
 @pytest.mark.e2e
 def test_the_sweep_runs_planned_layouts_and_reports_predicted_against_measured(tmp_path, monkeypatch):
-    # the whole sweep is 15 layouts (about 12 minutes here): the test keeps the planner's first and last
+    # the whole sweep is 15 layouts (about 20 minutes on 2 cores with --steps 6): the test keeps the first and last
     planned = layouts.planned
 
     def two(*args):
@@ -163,6 +204,4 @@ def test_the_sweep_runs_planned_layouts_and_reports_predicted_against_measured(t
         assert summary["passed"], summary["checks"]                           # every layout follows the dense model
         step = next(f for f in summary["figures"] if f["name"] == "step time")
         assert row["measured_s"] == step["value"] and step["predicted"] == pytest.approx(row["predicted_s"], rel=1e-5)
-    assert report["median_error"] == pytest.approx(statistics.median(
-        abs(r["predicted_s"] / r["measured_s"] - 1) for r in report["rows"]))
     assert (sweep_dir / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -82,7 +82,8 @@ def run_lab(
     layout: str = typer.Option(None, "--layout", help="A layout from `plscale plan --json`: plan.json (its first "
                                "candidate) or plan.json:N (lab 4d)."),
     sweep: bool = typer.Option(False, "--sweep", help="Run the lab's sweep variants in turn (lab 4d: every layout "
-                               "the planner offers on this machine), then its report."),
+                               "the planner offers on this machine, which it measures first, --dry-run too), then its "
+                               "report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
 ) -> None:
     """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo; a JAX lab as one process with N devices."""
@@ -92,7 +93,7 @@ def run_lab(
     if layout and sweep:
         raise UserError("--sweep runs every layout itself: drop --layout.")
     if not sweep:
-        prepared = flow.prepare(lab, chosen, flow.with_layout(lab, chosen, opts, layout))
+        prepared = flow.prepare(lab, flow.layout_variant(lab, chosen, opts, layout), opts)
         if dry_run:
             return show_plan(prepared)
         flow.report(launch(prepared), console)

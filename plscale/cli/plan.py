@@ -66,22 +66,18 @@ def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
 
 def _this_machine(saved: Path | None, ranks: int, config: ModelConfig, micro_batch: int, seq: int, notes):
     """This machine's figures: read from an earlier plan's JSON, or measured now with `ranks` CPU ranks."""
-    from plscale.run.machine import Machine, measure
-    if saved is not None:
-        try:
-            raw = json.loads(saved.read_text())
-            found = Machine.from_dict(raw.get("machine", raw))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"--machine {saved}: not a plan's JSON with this machine's figures ({exc}); "
-                            f"write one with `plscale plan --here --json > plan.json`.") from None
-        if found.ranks != ranks:
-            raise UserError(f"--machine {saved} was measured with {found.ranks} ranks; plan with --gpus "
-                            f"{found.ranks}, or measure {ranks} by leaving out --machine.")
-        return found
-    with notes.status(f"measuring this machine: {ranks} CPU ranks at once, the model's forward and backward, "
-                        f"then gloo all-reduces (about 10 s)"):
-        found = measure(ranks, config, micro_batch, seq)
-    notes.print(f"this machine: {found.describe()}", highlight=False)
+    from plscale.run.machine import Machine, measure_showing
+    if saved is None:
+        return measure_showing(notes, ranks, config, micro_batch, seq)
+    try:
+        raw = json.loads(saved.read_text())
+        found = Machine.from_dict(raw.get("machine", raw))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"--machine {saved}: not a plan's JSON with this machine's figures ({exc}); "
+                        f"write one with `plscale plan --here --json > plan.json`.") from None
+    if found.ranks != ranks:
+        raise UserError(f"--machine {saved} was measured with {found.ranks} ranks; plan with --gpus "
+                        f"{found.ranks}, or measure {ranks} by leaving out --machine.")
     return found
 
 

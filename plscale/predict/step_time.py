@@ -16,7 +16,9 @@ the one with the most compute + tp + cp sets every term.
             idle in the bubble hands its core to a busy one. The measured FLOP/s are a rank's share
             while all N work (c/N of a core), so a rank alone runs up to N/c times faster; the step
             takes the longer of the work at that share (W, no bubble) and the pipeline's critical
-            path at a core each, W (c/N) / (1 - f): bubble = max(0, W c / (N (1 - f)) - W)
+            path at a core each, W (c/N) / (1 - f): bubble = max(0, W c / (N (1 - f)) - W). An
+            optimistic bound: it assumes the scheduler shares the cores perfectly, and speeds up
+            the communication terms in W like compute
   tp        every collective of tensor_parallel.collectives (Megatron's f and g: 4 a layer a
             micro-batch; the embedding's on the first stage, the head's and the loss's on the
             last), on the critical path, not overlapped. Full recomputation reruns each layer's

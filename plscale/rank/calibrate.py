@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -67,7 +68,8 @@ def all_reduce_seconds(nbytes: int, calls: int) -> float:
 def measure(rank: int, world: int, port: int, out: str, config: dict, micro_batch: int, seq: int,
             seconds: float) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=120))   # a peer that never came: fail, not hang
     dist.barrier()
     flops = model_step(ModelConfig(**config), micro_batch, seq, seconds)
     dist.barrier()
@@ -87,8 +89,9 @@ def measure(rank: int, world: int, port: int, out: str, config: dict, micro_batc
 def main() -> None:
     ap = argparse.ArgumentParser(description="One of N CPU ranks measuring this machine (module doc).")
     for name, kind in (("--rank", int), ("--world", int), ("--port", int), ("--out", str), ("--config", str),
-                       ("--micro-batch", int), ("--seq", int), ("--seconds", float)):
-        ap.add_argument(name, type=kind, required=name != "--seconds", default=1.0)
+                       ("--micro-batch", int), ("--seq", int)):
+        ap.add_argument(name, type=kind, required=True)
+    ap.add_argument("--seconds", type=float, default=1.0, help="timing of the model's step, per rank")
     a = ap.parse_args()
     measure(a.rank, a.world, a.port, a.out, json.loads(a.config), a.micro_batch, a.seq, a.seconds)
 

@@ -41,9 +41,10 @@ class Prepared(NamedTuple):
 
 
 class Sweep(NamedTuple):
-    """A sweep's runs, each prepared, and what sweep.json records besides them."""
-    runs: list           # [Prepared]
-    record: dict = {}
+    """A sweep's runs, each prepared, and what sweep.json records besides them: lists of one
+    entry a run (kept only for the runs that finished) and anything else."""
+    runs: list                  # [Prepared]
+    record: dict | None = None
 
 
 class RunFailed(Exception):
@@ -76,17 +77,25 @@ def prepare(lab: Lab, variant: Variant, opts: Options) -> Prepared:
     return Prepared(the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config))
 
 
-def with_layout(lab: Lab, variant: Variant, opts: Options, spec: str | None) -> Options:
-    """--layout plan.json[:N]: the options with the planner's candidate as --set assignments before
-    the user's (plscale.run.layouts); the options unchanged without one."""
+def here_only(the_plan: Plan, flag: str) -> None:
+    """The planner's layouts are planned for this machine's CPU ranks (plscale plan --here)."""
+    if the_plan.device != "cpu" or the_plan.nodes > 1:
+        raise UserError(f"{flag} plans for this machine's CPU ranks (plscale plan --here): run it with --cpu on one "
+                        f"node; for GPUs, plan with `plscale plan --gpu H100 ...` and set parallel.* by hand.")
+
+
+def layout_variant(lab: Lab, variant: Variant, opts: Options, spec: str | None) -> Variant:
+    """--layout plan.json[:N]: the planner's candidate as a variant of the lab, named after its
+    layout (plscale.run.layouts); the variant unchanged without one."""
     if spec is None:
-        return opts
+        return variant
     from plscale.run import layouts
     if not lab.sweep_layouts:
         raise UserError(f"--layout: lab {lab.id} takes no planner layout; lab 4d does (plscale lab list).")
-    the_plan, settings = plan(lab, variant, opts), prepare(lab, variant, opts).resolved.settings
-    _, sets = layouts.chosen(spec, settings, the_plan.world_size)
-    return Options(**{**vars(opts), "sets": [*sets, *opts.sets]})
+    layouts.check_sets(opts.sets, "--layout")
+    base = prepare(lab, variant, opts)
+    here_only(base.plan, "--layout")
+    return layouts.chosen(spec, base.resolved.settings, base.plan.world_size)
 
 
 def prepare_sweep(lab: Lab, opts: Options, console: Console | None = None) -> Sweep:
@@ -94,8 +103,9 @@ def prepare_sweep(lab: Lab, opts: Options, console: Console | None = None) -> Sw
     planner's layouts measures this machine and plans first (plscale.run.layouts)."""
     if lab.sweep_layouts:
         from plscale.run import layouts
-        default = lab.variant(None)
-        base = prepare(lab, default, opts)
+        layouts.check_sets(opts.sets, "--sweep")
+        base = prepare(lab, lab.variant(None), opts)
+        here_only(base.plan, "--sweep")
         found = layouts.planned(lab, base.resolved.settings, base.plan.world_size,
                                 lambda v: prepare(lab, v, opts), console or Console())
         if not found.runs:
@@ -151,7 +161,7 @@ def run(name: str, opts: Options | None = None, variant: str | None = None, cons
     """`plscale lab run NAME` from this process: the run directory once the ranks finished."""
     opts = opts or Options()
     lab, chosen = choose(name, variant, data_dir=opts.data_dir)
-    opts = with_layout(lab, chosen, opts, layout)
+    chosen = layout_variant(lab, chosen, opts, layout)
     return launch(prepare(lab, chosen, opts), console, command or command_line(name, opts, variant), runs)
 
 
@@ -167,16 +177,26 @@ def sweep(name: str, opts: Options | None = None, console: Console | None = None
 
 def run_sweep(lab: Lab, prepared: Sweep, console: Console | None = None,
               command: list[str] | None = None, runs: Path | None = None) -> Path:
-    """Run prepared sweep variants in turn, then the lab's sweep report; the sweep directory."""
+    """Run prepared sweep variants in turn, then the lab's sweep report; the sweep directory. A run
+    that fails does not stop the others: the report covers those that finished, sweep.json lists
+    the failed ones, and RunFailed follows the report."""
     console = console or Console()
     sweep_dir = new_run_dir(lab.id, "sweep", runs)
-    run_dirs = []
+    record, finished, failed = dict(prepared.record or {}), [], []
     for i, p in enumerate(prepared.runs, 1):
         console.print(f"[bold]sweep {i} of {len(prepared.runs)}[/]")
-        run_dirs.append(str(launch(p, console, command, runs)))
-    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": [p.resolved.variant.name for p in prepared.runs],
-                                          "runs": run_dirs, **prepared.record})
-    if lab.sweep_report:
+        try:
+            finished.append((i - 1, str(launch(p, console, command, runs))))
+        except RunFailed as exc:
+            failed.append({"variant": p.resolved.variant.name, "run": str(exc.run_dir), "exit_code": exc.code})
+            console.print(f"[red]{p.resolved.variant.name} failed[/] (exit code {exc.code}): the sweep goes on")
+    kept = [i for i, _ in finished]
+    for key, value in record.items():   # per-run lists follow the runs that finished
+        if isinstance(value, list) and len(value) == len(prepared.runs):
+            record[key] = [value[i] for i in kept]
+    write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": [prepared.runs[i].resolved.variant.name for i in kept],
+                                          "runs": [d for _, d in finished], **record, "failed": failed})
+    if lab.sweep_report and finished:
         script = [sys.executable, str(lab.folder / lab.sweep_report), str(sweep_dir)]
         if console.file is sys.stdout:  # the terminal: the script prints there itself
             code = subprocess.call(script)
@@ -186,6 +206,8 @@ def run_sweep(lab: Lab, prepared: Sweep, console: Console | None = None,
             code = done.returncode
         if code != 0:
             raise RunFailed(code, sweep_dir)
+    if failed:
+        raise RunFailed(failed[0]["exit_code"], sweep_dir)
     return sweep_dir
 
 

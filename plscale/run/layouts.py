@@ -14,6 +14,7 @@ accepts, and runs them in the planner's order; sweep.json records the machine an
 """
 
 import json
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,6 +25,8 @@ from plscale.predict.plan import Job, plan
 from plscale.predict.presets import preset
 from plscale.predict.step_time import TERMS
 
+LAYOUT_KEYS = ("parallel.tp", "parallel.pp", "parallel.cp", "ds.micro_batch", "ds.grad_accum", "ds.stage",
+               "tp.sequence_parallel")     # what settings_of sets, planned.* besides
 PLAN_COMMAND = ("plscale plan --here --gpus {ranks} --model {preset} --seq {seq} --global-batch {batch} "
                 "--micro-batch {micro} --recompute none --virtual 1 --json > plan.json")
 
@@ -54,28 +57,57 @@ def job_of(settings: dict, ranks: int) -> dict:
             "batch": dp * ds["micro_batch"] * ds["grad_accum"], "micro": ds["micro_batch"]}
 
 
-def chosen(spec: str, settings: dict, ranks: int) -> tuple[dict, list[str]]:
-    """`plan.json` (its first candidate) or `plan.json:N`: the candidate and its --set assignments,
-    checked against the lab's run (module doc)."""
-    path, _, pick = spec.rpartition(":") if ":" in spec and spec.rpartition(":")[2].isdigit() else (spec, "", "1")
+def variant_of(c: dict) -> Variant:
+    """A planner's candidate as a variant of the lab, named after its layout (dp2-tp2-pp2-cp1)."""
+    return Variant(name_of(c), dict(parse_assignment(a) for a in settings_of(c)),
+                   about=f"the planner's layout {name_of(c)} on this machine")
+
+
+def check_sets(sets: list[str], flag: str) -> None:
+    """The user's --set may change the job, not what the layout chooses."""
+    for text in sets:
+        key = parse_assignment(text)[0]
+        if key in LAYOUT_KEYS or key.startswith("planned."):
+            raise UserError(f"--set {text}: {flag} chooses {key} itself; drop the --set, or run a variant of your own "
+                            f"without {flag}.")
+
+
+def split_spec(spec: str) -> tuple[Path, int]:
+    """`plan.json` -> (plan.json, 1); `plan.json:3` -> (plan.json, 3); a file named `plan:3` is itself."""
+    found = re.fullmatch(r"(.+):([0-9]+)", spec)
+    if found is None or Path(spec).exists():
+        return Path(spec), 1
+    return Path(found[1]), int(found[2])
+
+
+def chosen(spec: str, settings: dict, ranks: int) -> Variant:
+    """`plan.json` (its first candidate) or `plan.json:N` as a variant of the lab, checked against
+    the lab's run: a plan of `plscale plan --here` for the same model, sequence, batch, precision."""
+    path, pick = split_spec(spec)
     want = job_of(settings, ranks)
     command = PLAN_COMMAND.format(**want)
     try:
-        raw = json.loads(Path(path).read_text())
-        candidates, job, model = raw["candidates"], raw["job"], raw["model"]
+        raw = json.loads(path.read_text())
+        candidates, job, model, shape = raw["candidates"], raw["job"], raw["model"], raw["shape"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"--layout {spec}: not a plan's JSON ({exc.__class__.__name__}: {exc}); write one with "
                         f"`{command}`.") from None
-    if not 1 <= int(pick) <= len(candidates):
+    if "machine" not in raw:
+        raise UserError(f"--layout {spec}: a plan for {raw.get('gpu', {}).get('name', 'a GPU')}, not this machine; "
+                        f"the lab runs here: write one with `{command}`.")
+    if not 1 <= pick <= len(candidates):
         raise UserError(f"--layout {spec}: the plan lists {len(candidates)} candidates; pick 1 to {len(candidates)} "
                         f"(plan.json:2 is the second).")
-    got = {"ranks": job["gpus"], "preset": model, "seq": job["seq"], "batch": job["global_batch"]}
+    got = {"ranks": job["gpus"], "preset": model, "seq": job["seq"], "batch": job["global_batch"],
+           "precision": job["precision"]}
+    want = {**want, "precision": settings["ds"]["precision"]}
     wrong = [f"{k} {got[k]} (the lab's {want[k]})" for k in got if got[k] != want[k]]
+    if shape != preset(want["preset"]).to_dict():
+        wrong.append(f"a changed shape of {model} (the lab's is the preset's)")
     if wrong:
         raise UserError(f"--layout {spec}: the plan is for another run: {', '.join(wrong)}; plan the lab's with "
                         f"`{command}`.")
-    c = candidates[int(pick) - 1]
-    return c, settings_of(c)
+    return variant_of(candidates[pick - 1])
 
 
 class Planned(NamedTuple):
@@ -88,13 +120,11 @@ class Planned(NamedTuple):
 def planned(lab: Lab, settings: dict, ranks: int, accepts, console) -> Planned:
     """Measure this machine, plan the lab's job on it, keep what the lab accepts (module doc).
     accepts(variant) raises UserError when the lab refuses the variant's settings."""
-    from plscale.run.machine import measure
+    from plscale.run.machine import measure_showing
 
     want = job_of(settings, ranks)
     config = preset(want["preset"])
-    with console.status(f"measuring this machine: {ranks} CPU ranks at once (about 10 s)"):
-        machine = measure(ranks, config, want["micro"], want["seq"])
-    console.print(f"this machine: {machine.describe()}", highlight=False)
+    machine = measure_showing(console, ranks, config, want["micro"], want["seq"])
     job = Job(config, ranks, want["seq"], want["batch"], settings["ds"]["precision"], 1.0,
               fixed=(("recompute", "none"), ("micro_batch", want["micro"]), ("virtual", 1)), overlap=False)
     result = plan(job, machine.cluster())
@@ -104,8 +134,7 @@ def planned(lab: Lab, settings: dict, ranks: int, accepts, console) -> Planned:
         name = name_of(d)
         if name in runs:
             continue
-        variant = Variant(name, dict(parse_assignment(a) for a in settings_of(d)),
-                          about=f"the planner's layout {name} on this machine")
+        variant = variant_of(d)
         try:
             accepts(variant)
         except UserError as exc:

@@ -49,7 +49,13 @@ class Machine:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Machine":
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__})
+        """Saved figures (a plan's "machine"); ValueError when one is missing or not a positive number."""
+        found = cls(**{k: raw[k] for k in cls.__dataclass_fields__})
+        for name in ("ranks", "cores", "flops", "busbw_gbs", "latency_us", "memory"):
+            value = getattr(found, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} {value!r} is not a positive number")
+        return found
 
 
 def _wait(procs: list, logs: list[Path], deadline: float) -> str:
@@ -62,10 +68,6 @@ def _wait(procs: list, logs: list[Path], deadline: float) -> str:
         if bad is not None or late or all(c == 0 for c in codes):
             break
         time.sleep(0.1)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait()
     if bad is not None:
         lines = logs[bad].read_text(errors="replace").strip().splitlines()
         return f"rank {bad}: {lines[-1] if lines else 'exit code ' + str(procs[bad].returncode)}"
@@ -80,19 +82,34 @@ def measure(ranks: int, config: ModelConfig, micro_batch: int, seq: int, seconds
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     with tempfile.TemporaryDirectory() as tmp:
         out, port = Path(tmp) / "machine.json", free_port()
-        logs = [Path(tmp) / f"rank_{r}.err" for r in range(ranks)]
-        procs = []
-        for r, log in enumerate(logs):
-            with open(log, "w") as err:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "plscale.rank.calibrate", "--rank", str(r), "--world", str(ranks), "--port",
-                     str(port), "--out", str(out), "--config", json.dumps(config.to_dict()), "--micro-batch",
-                     str(micro_batch), "--seq", str(seq), "--seconds", str(seconds)],
-                    env=env, stdout=subprocess.DEVNULL, stderr=err))
-        failed = _wait(procs, logs, time.monotonic() + TIMEOUT_S)
+        logs, procs = [Path(tmp) / f"rank_{r}.err" for r in range(ranks)], []
+        try:
+            for r, log in enumerate(logs):
+                with open(log, "w") as err:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "plscale.rank.calibrate", "--rank", str(r), "--world", str(ranks),
+                         "--port", str(port), "--out", str(out), "--config", json.dumps(config.to_dict()),
+                         "--micro-batch", str(micro_batch), "--seq", str(seq), "--seconds", str(seconds)],
+                        env=env, stdout=subprocess.DEVNULL, stderr=err))
+            failed = _wait(procs, logs, time.monotonic() + TIMEOUT_S)
+        finally:   # Ctrl-C, or a process that would not start: none left waiting in gloo
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
         if failed or not out.exists():
-            raise RuntimeError(f"measuring this machine with {ranks} CPU ranks failed: {failed or 'no figures'}")
+            raise UserError(f"Measuring this machine with {ranks} CPU ranks failed ({failed or 'no figures written'}); "
+                            f"`plscale doctor --gpus {ranks}` checks that {ranks} ranks can talk over gloo.")
         raw = json.loads(out.read_text())
     return Machine(ranks, cpu_cores(), raw["flops"], raw["busbw_gbs"], raw["latency_us"], available / ranks,
                    f"the {micro_batch} x {seq}-token forward and backward of a {config.hidden}-wide, "
                    f"{config.layers}-layer Llama")
+
+
+def measure_showing(console, ranks: int, config: ModelConfig, micro_batch: int, seq: int) -> Machine:
+    """measure, with a status line while it runs and the figures printed after."""
+    with console.status(f"measuring this machine: {ranks} CPU ranks at once, the model's forward and backward, "
+                        f"then gloo's all-reduces (about 10 s)"):
+        found = measure(ranks, config, micro_batch, seq)
+    console.print(f"this machine: {found.describe()}", highlight=False)
+    return found
