@@ -52,7 +52,7 @@ def test_declared_runs_name_this_lab_and_a_real_variant():
                         at = args.index("--variant" if "--variant" in args else "-v")
                         variant = found.variant(args[at + 1])
                     if "--sweep" in args:
-                        assert found.sweep, f"{args}: lab {found.id} has no sweep"
+                        assert found.sweep or found.sweep_layouts, f"{args}: lab {found.id} has no sweep"
                 assert found.folder.resolve() == lab.folder.resolve(), f"{lab.folder.name}: {args} runs lab {found.id}"
                 assert variant.name in found.variants
                 assert "--cpu" in args, f"{args}: the committed figures are CPU measurements: add --cpu"

@@ -238,10 +238,11 @@ if ctx.is_main:
     figures += [mib_figure(f"ring bytes sent per rank per layer, seq {last[0]}", last[1], last[2], "forward + backward"),
                 mib_figure(f"Ulysses all-to-all messages per rank per layer, seq {last[0]}", last[3], last[4],
                            "forward + backward; (P - 1)/P of them sent")]
-    plots.measured_and_predicted(ctx.run_dir / "traffic.png", [r[0] for r in traffic], {
+    uly_sent = [predict.ulysses_bytes(1, r[0], CP, heads, kv_heads, head_dim, 4).total_sent for r in traffic]
+    plots.measured_and_predicted(ctx.run_dir / "traffic.png", [r[0] for r in traffic], {   # bytes that leave a rank
         "ring: sent": ([r[1] / MiB for r in traffic], [r[2] / MiB for r in traffic]),
-        "Ulysses: messages": ([r[3] / MiB for r in traffic], [r[4] / MiB for r in traffic])},
-        f"per attention layer and rank, cp {CP}: ring's sends, Ulysses' all-to-all messages", "sequence length", "MiB")
+        "Ulysses: sent": ([r[3] * (CP - 1) / CP / MiB for r in traffic], [b / MiB for b in uly_sent])},
+        f"bytes each rank sends per attention layer, cp {CP}", "sequence length", "MiB")
     figures.append(figure("final loss", round(losses[-1], 4), "nats"))
     ctx.log("\nbalance.png: work and time per rank, both splits; traffic.png: bytes per rank against the sequence; "
             "memory.png: activations per rank; mesh.png: the ranks")
