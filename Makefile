@@ -3,9 +3,9 @@
 #   make test   create .venv, install, run the whole test suite
 #
 # torch: on Linux the public index's torch is the CUDA build, several GB of nvidia-* packages. On a
-# machine without an NVIDIA GPU (no nvidia-smi) pip also reads PyTorch's CPU wheel index and takes
-# its 2.13.0+cpu (a local version sorts above 2.13.0); the public index stays the fallback. With
-# nvidia-smi, the public index's CUDA build. Another build: make demo TORCH_INDEX=https://download.pytorch.org/whl/cu126
+# machine without an NVIDIA GPU (no nvidia-smi) pip also reads PyTorch's CPU wheel index and, reading
+# both, takes its 2.13.0+cpu (a local version sorts above 2.13.0). With nvidia-smi, the public index's
+# CUDA build. Another build: make clean && make demo TORCH_INDEX=https://download.pytorch.org/whl/cu126
 # Versions: constraints.txt, what the references were measured with; CONSTRAINTS= lifts them.
 PYTHON      ?= python3
 VENV        ?= .venv
