@@ -161,13 +161,15 @@ def test_a_failed_run_does_not_stop_the_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(flow, "launch", launch)
     monkeypatch.setattr(lab, "sweep_report", None)
     with pytest.raises(flow.RunFailed) as failed:
-        flow.run_sweep(lab, prepared._replace(record={"per_run": list(range(len(lab.sweep))), "note": "kept"}),
+        flow.run_sweep(lab, prepared._replace(per_run={"per_run": list(range(len(lab.sweep)))},
+                                              record={"note": list(range(len(lab.sweep)))}),
                        runs=tmp_path / "runs")
     record = json.loads((failed.value.run_dir / "sweep.json").read_text())
     assert failed.value.code == 3 and len(made) == len(lab.sweep)
     assert record["variants"] == lab.sweep[1:] and record["runs"] == [str(d) for d in made[1:]]
     assert record["failed"] == [{"variant": lab.sweep[0], "run": str(made[0]), "exit_code": 3}]
-    assert record["per_run"] == list(range(1, len(lab.sweep))) and record["note"] == "kept"
+    # a per-run list follows the runs that finished; the rest is kept whole, whatever its length
+    assert record["per_run"] == list(range(1, len(lab.sweep))) and record["note"] == list(range(len(lab.sweep)))
 
 
 def test_rank_correlation_matches_scipy():

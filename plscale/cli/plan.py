@@ -199,8 +199,9 @@ def plan(
         table.add_column(column, justify="left" if column in ("recompute", "why it beats the next") else "right")
     for i, c in enumerate(shown):
         why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
+        memory = f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}"   # CPU ranks' small models
         table.add_row(str(i + 1), str(c.dp), str(c.tp), str(c.pp), str(c.cp), str(c.virtual), str(c.zero),
-                      c.recompute, f"{c.micro_batch} x {c.micro_batches}", f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}", f"{c.step_s:.3g}",
+                      c.recompute, f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}",
                       f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", escape(why))
     console.print(table)
     best = shown[0]

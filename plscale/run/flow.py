@@ -41,10 +41,10 @@ class Prepared(NamedTuple):
 
 
 class Sweep(NamedTuple):
-    """A sweep's runs, each prepared, and what sweep.json records besides them: lists of one
-    entry a run (kept only for the runs that finished) and anything else."""
+    """A sweep's runs, each prepared, and what sweep.json records besides them."""
     runs: list                  # [Prepared]
-    record: dict | None = None
+    per_run: dict | None = None  # name -> one entry a run; sweep.json keeps those of the runs that finished
+    record: dict | None = None   # anything else
 
 
 class RunFailed(Exception):
@@ -111,8 +111,8 @@ def prepare_sweep(lab: Lab, opts: Options, console: Console | None = None) -> Sw
         if not found.runs:
             raise UserError(f"No layout of {base.plan.world_size} ranks that the planner offers does lab {lab.id} run: "
                             + "; ".join(found.left_out))
-        return Sweep([prepare(lab, v, opts) for v, _ in found.runs],
-                     {"machine": found.machine, "planned": [c for _, c in found.runs], "left_out": found.left_out})
+        return Sweep([prepare(lab, v, opts) for v, _ in found.runs], {"planned": [c for _, c in found.runs]},
+                     {"machine": found.machine, "left_out": found.left_out})
     if not lab.sweep:
         raise UserError(f"Lab {lab.id} has no sweep: run its variants one by one (plscale lab show {lab.id}).")
     return Sweep([prepare(lab, lab.variant(v), opts) for v in lab.sweep])
@@ -182,7 +182,7 @@ def run_sweep(lab: Lab, prepared: Sweep, console: Console | None = None,
     the failed ones, and RunFailed follows the report."""
     console = console or Console()
     sweep_dir = new_run_dir(lab.id, "sweep", runs)
-    record, finished, failed = dict(prepared.record or {}), [], []
+    finished, failed = [], []
     for i, p in enumerate(prepared.runs, 1):
         console.print(f"[bold]sweep {i} of {len(prepared.runs)}[/]")
         try:
@@ -191,11 +191,10 @@ def run_sweep(lab: Lab, prepared: Sweep, console: Console | None = None,
             failed.append({"variant": p.resolved.variant.name, "run": str(exc.run_dir), "exit_code": exc.code})
             console.print(f"[red]{p.resolved.variant.name} failed[/] (exit code {exc.code}): the sweep goes on")
     kept = [i for i, _ in finished]
-    for key, value in record.items():   # per-run lists follow the runs that finished
-        if isinstance(value, list) and len(value) == len(prepared.runs):
-            record[key] = [value[i] for i in kept]
+    per_run = {key: [values[i] for i in kept] for key, values in (prepared.per_run or {}).items()}
     write_json(sweep_dir / "sweep.json", {"lab": lab.id, "variants": [prepared.runs[i].resolved.variant.name for i in kept],
-                                          "runs": [d for _, d in finished], **record, "failed": failed})
+                                          "runs": [d for _, d in finished], **per_run, **(prepared.record or {}),
+                                          "failed": failed})
     if lab.sweep_report and finished:
         script = [sys.executable, str(lab.folder / lab.sweep_report), str(sweep_dir)]
         if console.file is sys.stdout:  # the terminal: the script prints there itself
