@@ -10,9 +10,12 @@
 Each lab runs through the real CLI, one after another (never two at once), with the lab's
 default settings and rank count: `plscale lab run LAB --variant V --cpu [--data-dir DIR]`
 (without --cpu for --gpu). Datasets come from --data-dir (default PLSCALE_DATA_DIR), passed to
-each lab that reads a dataset as `--data-dir DIR` in the command the reference records, so the
-command reproduces the reference's data; the run records what it read, and the reference keeps
-that too. The run directories stay under runs/references/ (--runs-dir), so a reference can be
+each lab that reads a dataset as `--data-dir DIR`; the run records what it read, and the
+reference keeps that too, with the folder written as docs/data.md's examples write it, `~/data`
+(DATA_DIR), in its command, its data_dir and its data line, not as this machine's path: on a
+machine whose ~/data is laid out as docs/data.md says, the command reproduces the reference's
+data. (`plscale report` reads a data line's folders as folders, so a run's own path and ~/data
+name the same data source.) The run directories stay under runs/references/ (--runs-dir), so a reference can be
 traced to the run that made it. The tolerance of each figure: plscale/run/references.py.
 """
 
@@ -36,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTE = ("Measured for real by benchmarks/make_references.py on the project's development machine: "
         "{device}, the lab's default settings and rank count ({command}). {gpu}Hardware figures (times, "
         "rates, MFU, RSS) hold for that machine only: on another system they are flagged 'hardware'.")
+DATA_DIR = "~/data"  # how a reference names the data folder it was measured with (docs/data.md)
+DATA_NOTE = "; the data folder written as ~/data, laid out as docs/data.md says, not where it was on that machine"
 NO_GPU = ("No 'gpu' section: no GPU was available to measure one, and none is invented; on a GPU machine, "
           "`benchmarks/make_references.py --gpu LAB` adds it. ")
 
@@ -48,6 +53,19 @@ def losses(run_dir: Path) -> list[float]:
         if isinstance(row.get("loss"), (int, float)):
             out.append(row["loss"])
     return out
+
+
+def named_generically(entry: dict, folder: str | None) -> dict:
+    """The entry with this machine's data folder (`folder` as given, and resolved) written as
+    DATA_DIR in its command, data_dir and data line: what a reader types, not where it ran."""
+    if not folder or folder == DATA_DIR:
+        return entry
+    spellings = sorted({folder, str(Path(folder).expanduser().resolve())}, key=len, reverse=True)
+    for key in ("command", "data_dir", "data"):
+        for spelling in spellings:
+            if isinstance(entry.get(key), str):
+                entry[key] = entry[key].replace(spelling, DATA_DIR)
+    return entry
 
 
 def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) -> Path | None:
@@ -78,15 +96,16 @@ def measure(lab, variant: str, gpu: bool, runs_dir: Path, data_dir: str | None) 
     if failed:
         print(f"   FAILED ({failed}, {wall:.0f} s): no reference written.\n" + output.getvalue()[-6000:], flush=True)
         return None
-    command = "plscale " + " ".join(argv)
-    entry = references.entry_from_run(run_dir, command, wall, losses(run_dir), data_dir)
+    entry = named_generically(references.entry_from_run(run_dir, "plscale " + " ".join(argv), wall,
+                                                        losses(run_dir), data_dir), data_dir)
+    command = entry["command"]
     entry["run"] = run_dir.name
     system = entry["system"]
     device = (f"{entry['world_size']} x {system['gpu']} over {entry['backend']}" if system.get("gpu") else
               f"CPU only ({system.get('cpu_cores')} cores), {entry['world_size']} ranks over {entry['backend']}")
     old = references.load(lab.folder) or {}
     has_gpu = bool(old.get("gpu")) or references.section_of(system) == "gpu"
-    note = NOTE.format(device=device, command=command, gpu="" if has_gpu else NO_GPU)
+    note = NOTE.format(device=device, command=command + (DATA_NOTE if data_dir else ""), gpu="" if has_gpu else NO_GPU)
     path = references.write(lab.folder, lab.id, entry, note)
     print(f"   {wall:.0f} s, {len(entry['figures'])} figures, final loss {entry['final_loss']}, "
           f"passed {entry['passed']}: {path.relative_to(ROOT)}", flush=True)
@@ -112,8 +131,12 @@ def rederive(lab, runs_dir: Path, data_dir: str | None) -> None:
             if used and "--data-dir" not in command:
                 command += f" --data-dir {used}"
             new = references.entry_from_run(run_dir, command, entry["wall_s"], losses(run_dir), used)
+            if used == DATA_DIR:  # the run's data line names this machine's folder: keep the entry's
+                new["data"] = entry["data"]
+            new = named_generically(new, used)
             new.update(run=entry["run"], measured=entry["measured"])
-            references.write(lab.folder, lab.id, new, old["note"].replace(f"({entry['command']})", f"({command})"))
+            note = old["note"].replace(f"({entry['command']})", f"({new['command']}{DATA_NOTE if used else ''})")
+            references.write(lab.folder, lab.id, new, note)
             print(f"   {lab.id} / {entry['variant']}: rebuilt from {run_dir.name}", flush=True)
 
 
