@@ -20,18 +20,26 @@ from plscale.slides.diagrams.style import BLUE, GREEN, GREY, NAVY, RED, SAND, SK
 # Llama 3 (Grattafiori et al. 2024). (name, year, parameters)
 MODELS = [("GPT-2 1.5B", 2019, 1.5e9), ("GPT-3 175B", 2020, 175e9), ("PaLM 540B", 2022, 540e9),
           ("Llama 3 405B", 2024, 405e9)]
-# GPUs: V100 32 GB (NVIDIA V100 datasheet, 2018) is not in plscale.predict.cluster; the others are.
+# GPUs: V100 32 GB (NVIDIA V100 datasheet, 2018) is not in plscale.predict.cluster; the others are, with
+# the total nvidia-smi shows. Every GPU is drawn and labelled in GiB, as the models are: the datasheets'
+# "80 GB" and "141 GB" are binary, nvidia-smi's 81,559 MiB (79.6 GiB) on an H100 and 143,771 MiB
+# (140.4 GiB) on an H200; the V100's 32 GiB is its 4 x 8 GiB of HBM2 (nvidia-smi shows a little less).
 # Years, as NVIDIA announced them: V100 32GB GTC March 2018, A100 80GB November 2020, H100 GTC March 2022,
 # H200 shipping 2024 (announced November 2023).
 V100_BYTES = 32 * GiB
-GPU_YEARS = [("V100 32GB", 2018, V100_BYTES), ("A100 80GB", 2020, GPUS["A100"].memory),
-             ("H100 80GB", 2022, GPUS["H100"].memory), ("H200 141GB", 2024, GPUS["H200"].memory)]
+GPU_YEARS = [("V100", 2018, V100_BYTES), ("A100", 2020, GPUS["A100"].memory),
+             ("H100", 2022, GPUS["H100"].memory), ("H200", 2024, GPUS["H200"].memory)]
 # Training runs, literature: Llama 2 7B on 2T tokens (Touvron et al. 2023), Llama 3 70B on 15T tokens
 # (Grattafiori et al. 2024). MFU: plscale.predict.published.LLAMA3_MFU, 40 % (Llama 3 paper, table 4: 38-43 %).
 RUNS = [("7B (Llama 2 shape), 2T tokens", preset("7b"), 2e12),
         ("70B (Llama 3 shape), 15T tokens", SHAPES["llama3-70b"], 15e12)]
 SEQ = 4096
 DAY = 86400
+
+
+def _gib_text(nbytes: float) -> str:
+    """81,559 MiB -> '79.6 GiB', 80 GiB -> '80 GiB'."""
+    return f"{gib(nbytes):.1f}".removesuffix(".0") + " GiB"
 
 
 def model_vs_gpu(out: Path) -> Path:
@@ -53,7 +61,7 @@ def model_vs_gpu(out: Path) -> Path:
     ys = [gib(b) for _, _, b in GPU_YEARS]
     ax.step(xs, ys + ys[-1:], where="post", color=BLUE, lw=3, label="one GPU's memory")
     for name, year, b in GPU_YEARS:
-        ax.annotate(name, (year, gib(b)), textcoords="offset points", xytext=(4, -18), fontsize=12, color=BLUE)
+        ax.annotate(f"{name} {_gib_text(b)}", (year, gib(b)), textcoords="offset points", xytext=(4, -18), fontsize=12, color=BLUE)
     ax.set_yscale("log")
     ax.set_ylim(1, 3e4)
     ax.set_xlim(2017.8, 2025.6)
@@ -86,7 +94,8 @@ def memory_by_role(out: Path) -> Path:
         for g, style, side in (("H100", "-", "right"), ("H200", "--", "left")):
             mem = gib(GPUS[g].memory)
             ax.axvline(mem, color=NAVY, ls=style, lw=2)
-            ax.text(mem, 0.36, f" one {g} " if side == "left" else f"one {g} ", fontsize=12, color=NAVY,
+            text = f"one {g}, {_gib_text(GPUS[g].memory)}"
+            ax.text(mem, 0.36, f" {text} " if side == "left" else f"{text} ", fontsize=12, color=NAVY,
                     va="bottom", ha=side)
         ax.set_yticks([0], [label.split(" (")[0]], fontsize=15, weight="bold")
         ax.set_ylim(-0.4, 0.7)
