@@ -189,7 +189,7 @@ if ctx.is_main:
         "model states per rank": {"dense": (None, dense_states / MiB), f"tp {T}": (states / MiB,
                                                                                  predicted["model_states"] / MiB)},
         f"activations, one micro-batch of {micro} x {seq}": {k: (a / MiB, b / MiB) for k, (a, b) in acts.items()}},
-        f"memory per rank: {S['model']['preset']!r} split over tp {T} (dense: predicted only)")
+        f"memory per rank: {S['model']['preset']!r} split over tp {T} (dense states: predicted only)")
 
 # ---- The production paths: same weights, same batches, side by side ------------------------
 # Each trains compare_steps steps from the initial weights; the hand-written layers run again
