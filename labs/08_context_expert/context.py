@@ -132,7 +132,7 @@ if ctx.is_main:
               f"{predict.imbalance([w for w, _ in balance['plain']]):.2f})")
     plots.measured_vs_predicted(ctx.run_dir / "balance.png", panels,
                                 f"causal attention over {long} tokens on cp {CP}: plain split vs zig-zag",
-                                unit={name: name.split(", ")[-1] for name in panels})
+                                unit={name: name.split(", ")[-1] for name in panels}, grid=(2, 2))
 
 # ---- 3. Activations per rank against the sequence length, with and without cp --------------
 corpus = wikitext.load_text()

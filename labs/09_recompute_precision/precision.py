@@ -231,9 +231,9 @@ if ctx.is_main:
                                                                   else "") for run, r in results.items()))
     for line in explain.losses(skipped, unscaled):
         ctx.log("  " + line)
-    plots.line_plot(ctx.run_dir / "losses.png", {run: (list(range(steps)), r["losses"]) for run, r in results.items()},
-                    f"loss by precision, the same weights and batches ('{S['model']['preset']}', seq {seq})",
-                    styles={"fp32": "C0-", "bf16": "C1-", "fp16": "C2-", "fp16-unscaled": "C3--"})
+    charts.loss_curves(ctx.run_dir / "losses.png", {run: (list(range(steps)), r["losses"]) for run, r in results.items()},
+                       f"loss by precision, the same weights and batches ('{S['model']['preset']}', seq {seq})",
+                       logs)
     if logs:
         charts.scaler_chart(ctx.run_dir / "loss_scale.png", logs, "fp16's dynamic loss scale")
     written = ["losses.png: the curves", "memory.png: memory by role"] + ["loss_scale.png: fp16's scale"] * bool(logs) \

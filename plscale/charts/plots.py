@@ -3,17 +3,50 @@
 from pathlib import Path
 
 
+def _parts(style: str) -> tuple:
+    """A format string's colour ("C3", or None) and line style ("-", "--", ":", "-." or None)."""
+    import re
+
+    colour = re.match(r"C\d+|[bgrcmykw](?![a-z])", style)
+    return (colour[0] if colour else None), next((ls for ls in ("--", "-.", ":", "-") if ls in style), None)
+
+
 def line_plot(path: Path, curves: dict, title: str, xlabel: str = "step", ylabel: str = "loss",
-              styles: dict | None = None) -> None:
-    """curves: label -> (xs, ys); steps on the x axis are whole numbers."""
+              styles: dict | None = None, marks: dict | None = None) -> None:
+    """curves: label -> (xs, ys); steps on the x axis are whole numbers. A curve without a
+    style of its own and with 3 to 30 points gets a marker on each point. Dashed and dotted
+    lines are drawn above the solid ones; a solid line that shares its colour with a dashed one
+    (one run's two series, say) is drawn as a wide pale band under it, so where the two are
+    equal both still show. marks: legend label -> (curve label, xs): those points of that
+    curve marked with a cross (fp16's skipped steps, say)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    styles = styles or {}
+    dashed = {_parts(s)[0] for s in styles.values() if _parts(s)[1] in ("--", ":", "-.")} - {None}
     fig, ax = plt.subplots(figsize=(7, 4))
+    drawn = {}
     for label, (xs, ys) in curves.items():
-        ax.plot(xs, ys, (styles or {}).get(label, "-"), label=label, linewidth=1.5)
+        xs, ys = list(xs), list(ys)
+        style, kw = styles.get(label), {"linewidth": 1.5}
+        if style is None:
+            style = "-"
+            if 3 <= len(xs) <= 30:
+                kw.update(marker="o", markersize=4)
+        colour, linestyle = _parts(style)
+        if linestyle in ("--", ":", "-."):
+            kw["zorder"] = 3
+        elif linestyle == "-" and colour in dashed:
+            kw.update(linewidth=4.5, alpha=0.35)
+        (drawn[label],) = ax.plot(xs, ys, style, label=label, **kw)
+    for name, (label, at) in (marks or {}).items():
+        xs, ys = (list(v) for v in curves[label])
+        points = [(x, ys[xs.index(x)]) for x in at if x in xs]
+        if points:
+            ax.plot(*zip(*points), "x", color=drawn[label].get_color(), markersize=8, mew=2, zorder=4,
+                    label=f"{name} ({len(points)})")
     if xlabel == "step":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(title)
@@ -34,8 +67,10 @@ def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=[3, 2])
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ref_xs, ref_ys = curves[reference]
     for label, (xs, ys) in curves.items():
         style = (styles or {}).get(label, "-")
@@ -59,38 +94,57 @@ def curves_and_gaps(path: Path, curves: dict, reference: str, title: str, styles
 
 
 def interval_chart(rows, mtbf_s: float, path: Path, title: str = "checkpoint interval against time lost",
-                   restart_s: float = 0.0) -> None:
+                   restart_s: float = 0.0, every: int | None = None) -> None:
     """Waste (%) against the checkpoint interval in steps (log, 1..10000), one curve per
     strategy; rows: (name, stall_s, step_time_s). Each curve's Young optimum, sqrt(2δM), is
-    marked and labelled. The model: plscale/predict/checkpoint.py."""
+    marked with a dot; `every`: the interval a run used, marked on each curve with a square
+    and as a dotted line. The numbers sit in the legend below the axes, off the curves; the
+    y axis reaches from below the lowest optimum to above the run's own waste, on a log scale
+    where that spans more than a decade. The model:
+    plscale/predict/checkpoint.py."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from plscale.predict.checkpoint import waste_fraction, young_interval
 
     steps = [10 ** (i / 50) for i in range(201)]                      # 1 .. 10000, log-spaced
-    fig, ax = plt.subplots(figsize=(7, 4))
-    optima = []
-    for i, (name, stall_s, step_s) in enumerate(rows):
+    fig, ax = plt.subplots(figsize=(7, 4.4 + 0.3 * len(rows)))
+    lows, highs = [], []
+    for name, stall_s, step_s in rows:
         waste = [100 * waste_fraction(k * step_s, stall_s, mtbf_s, restart_s) for k in steps]
-        (line,) = ax.plot(steps, waste, label=f"{name} (stall {stall_s:.3g} s, step {step_s:.3g} s)", linewidth=1.5)
         best = young_interval(stall_s, mtbf_s) / step_s
         best_waste = 100 * waste_fraction(best * step_s, stall_s, mtbf_s, restart_s)
-        optima.append(best_waste)
+        label = f"{name} (stall {stall_s:.3g} s, step {step_s:.3g} s): best every {best:,.0f} steps, {best_waste:.2f} %"
+        lows.append(best_waste)
+        highs.append(4 * best_waste)
+        if every:
+            ours = 100 * waste_fraction(every * step_s, stall_s, mtbf_s, restart_s)
+            highs.append(1.4 * ours)
+            label += f"; every {every}: {ours:.1f} %"
+        (line,) = ax.plot(steps, waste, label=label, linewidth=1.5)
         ax.plot([best], [best_waste], "o", color=line.get_color())
-        right = best > 300                                            # keep the label inside the axes
-        ax.annotate(f"every {best:,.0f} steps: {best_waste:.2f} %", (best, best_waste), textcoords="offset points",
-                    xytext=(-6 if right else 6, 10 + 11 * i), ha="right" if right else "left", fontsize=8,
-                    color=line.get_color(), arrowprops={"arrowstyle": "-", "color": line.get_color(), "lw": 0.5})
+        if every:
+            ax.plot([every], [ours], "s", color=line.get_color())
+    if every:
+        ax.axvline(every, color="0.4", linestyle=":", linewidth=1)
+        ax.text(every * 1.1, 0.03, f"this run: every {every} steps", transform=ax.get_xaxis_transform(),
+                ha="left", va="bottom", fontsize=8, color="0.3")
     ax.set_xscale("log")
+    low, high = 0.5 * min(lows, default=1.0), min(100.0, max(highs, default=25.0))
+    logy = high / low > 10                                            # optima and a far-off interval both in view
+    if logy:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlim(1, 10_000)
-    ax.set_ylim(0, min(100.0, 4 * max(optima, default=25.0)))
+    ax.set_ylim(low if logy else 0, high)
     ax.set_title(f"{title} (MTBF {mtbf_s / 3600:g} h)")
     ax.set_xlabel("checkpoint every k steps")
-    ax.set_ylabel("time lost (%)")
+    ax.set_ylabel("time lost (%, log)" if logy else "time lost (%)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False,
+              title="dot: Young's optimum" + ("; square: this run's interval" if every else ""), title_fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -146,17 +200,23 @@ def mesh_grid(layout, path: Path) -> None:
     plt.close(fig)
 
 
-def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str | dict = "MiB") -> None:
+def measured_vs_predicted(path: Path, panels: dict, title: str, unit: str | dict = "MiB",
+                          grid: tuple[int, int] | None = None) -> None:
     """One panel per entry of `panels` (panel title -> {bar label: (measured, predicted)}):
     each label's measured bar (solid) beside its predicted one (hatched); None: not measured,
-    or not predicted. `unit`: one for every panel, or panel title -> unit."""
+    or not predicted. `unit`: one for every panel, or panel title -> unit. `grid`: (rows,
+    columns), the panels filled row by row, sharing the x axis and, down each column, the y
+    axis (one quantity per column, say; the bar labels then stand once, under the last row);
+    default: one row, each panel its own y axis."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     styles = {"measured": {}, "predicted": {"alpha": 0.45, "hatch": "//"}}
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    down, across = grid or (1, len(panels))
+    fig, axes = plt.subplots(down, across, figsize=(4.2 * across, 0.3 + 3.5 * down), squeeze=False,
+                             **({"sharex": True, "sharey": "col"} if grid else {}))
     for ax, (name, rows) in zip(axes.flat, panels.items()):
         for i, (label, (got, want)) in enumerate(rows.items()):
             both = got is not None and want is not None

@@ -1,5 +1,6 @@
 """Charts of the mixed-precision lab (matplotlib, headless, imported only when drawing).
 
+    loss_curves       the loss by precision over steps, fp16's skipped steps (overflow) crossed
     scaler_chart      the loss scale against step on a log2 axis, overflows (skipped steps)
                       and growths marked: dynamic loss scaling's sawtooth
     range_histograms  how many values sit at each power of two (log2 |x|), with each number
@@ -19,6 +20,19 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+STYLES = {"fp32": "C0-", "bf16": "C1-", "fp16": "C2-", "fp16-unscaled": "C3--"}
+
+
+def loss_curves(path: Path, curves: dict, title: str, logs: dict) -> None:
+    """curves: run -> (steps, losses); logs: run -> rows of its loss scaler's log (as in
+    scaler_chart): each step the scaler skipped (an overflow) is crossed on that run's curve."""
+    from plscale.charts.plots import line_plot
+
+    marks = {f"{run}: overflow, step skipped": (run, [r["step"] for r in rows if r["skipped"]])
+             for run, rows in logs.items() if run in curves}
+    line_plot(path, curves, title, styles={k: v for k, v in STYLES.items() if k in curves}, marks=marks)
 
 
 def scaler_chart(path: Path, logs: dict, title: str) -> None:
