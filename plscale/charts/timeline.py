@@ -2,8 +2,10 @@
 
 In the style of the Ultra-Scale Playbook's pipeline figures: a box per forward (blue),
 backward (green) or weight-gradient pass (teal), its micro-batch number inside; model chunks
-of an interleaved schedule in lighter and darker shades; send/recv as thin grey bars under
-the row; idle time left white, so the bubble is what you see.
+of an interleaved schedule in lighter and darker shades; send and recv as thin grey bars in
+two lanes under the row (a send under its recv would be hidden), each at least COMM_MIN_PX
+wide so a send of a few microseconds still shows (plscale's engine records a send batched
+with a receive as one recv); idle time left white, so the bubble is what you see. Measured seconds are drawn in ms, so two steps of one lab share a unit.
 """
 
 from pathlib import Path
@@ -11,9 +13,13 @@ from pathlib import Path
 from plscale.predict.pipeline import COMPUTE, Op
 
 COLOURS = {"F": "#5b8fd6", "B": "#63b36b", "W": "#2f8f8a", "send": "#8c8c8c", "recv": "#c4c4c4"}
-NAMES = {"F": "forward", "B": "backward", "W": "weight gradients (W)", "send": "send", "recv": "recv"}
+NAMES = {"F": "forward", "B": "backward", "W": "weight gradients (W)", "send": "send",
+         "recv": "recv (or a send and a recv in one batch)"}
 BOX = 0.78          # height of a compute box in a row of height 1
-COMM = (0.47, 0.07)  # send/recv bar: offset below the row's centre, thickness
+COMM = {"send": 0.43, "recv": 0.51}  # each lane's offset below the row's centre
+COMM_THICK = 0.06
+COMM_MIN_PX = 2.5   # the narrowest a send or recv bar is drawn, in pixels at the saved dpi
+DPI = 120
 
 
 def _shade(colour: str, chunk: int, chunks: int) -> tuple:
@@ -27,8 +33,9 @@ def _shade(colour: str, chunk: int, chunks: int) -> tuple:
 
 
 def _time_scale(span: float, unit: str) -> tuple[float, str]:
-    """Seconds shown in ms when a step is shorter than a second; other units as they are."""
-    if unit == "s" and span < 1:
+    """Seconds shown in ms when a step is shorter than a minute (so every measured step of a
+    CPU or GPU run reads in one unit); other units as they are."""
+    if unit == "s" and span < 60:
         return 1e3, "time (ms)"
     return 1.0, f"time ({unit})"
 
@@ -45,11 +52,14 @@ def _draw_on(ax, ops: list[Op], title: str, unit: str) -> None:
     interleaved = any(op.stage >= 0 and op.stage != op.rank for op in ops)
     chunks = max((op.stage // p for op in ops if op.stage >= 0), default=0) + 1
     width_pts = ax.get_position().width * ax.figure.get_figwidth() * 72
+    min_comm = COMM_MIN_PX * 72 / DPI / width_pts * span * scale     # in data units
     for op in ops:
         y = p - 1 - ranks.index(op.rank)
         x, w = (op.start - t0) * scale, (op.end - op.start) * scale
         if op.kind not in COMPUTE:
-            ax.add_patch(Rectangle((x, y - COMM[0] - COMM[1]), w, COMM[1], color=COLOURS.get(op.kind, "grey"), lw=0))
+            lane = COMM.get(op.kind, COMM["recv"])
+            ax.add_patch(Rectangle((x, y - lane - COMM_THICK), max(w, min_comm), COMM_THICK,
+                                   color=COLOURS.get(op.kind, "grey"), lw=0))
             continue
         chunk = op.stage // p if op.stage >= 0 else 0
         ax.add_patch(Rectangle((x, y - BOX / 2), w, BOX, facecolor=_shade(COLOURS[op.kind], chunk, chunks),
@@ -97,7 +107,7 @@ def draw(path: Path, ops: list[Op], title: str, unit: str = "s") -> None:
     fig.subplots_adjust(left=0.08, right=0.98)
     _draw_on(ax, ops, title, unit)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -115,7 +125,7 @@ def draw_pair(path: Path, measured_ops: list[Op], planned_ops: list[Op], title_m
     _draw_on(top, measured_ops, title_measured, unit_measured)
     _draw_on(bottom, planned_ops, title_planned, unit_planned)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
