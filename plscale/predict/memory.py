@@ -41,6 +41,14 @@ micro-batches accumulate:
                backward per step is copied straight into the fp32 partition);
       stage 3  in a second host partition of pΨ/N (ZeRO-3's flat gradient buffer), always.
  4. Parameter offload (stage 3) moves the parameter partition to the host.
+ 5. A partition of the gradients (stage 2, and stage 1 reducing in the backward; rule 2) holds
+    whole tensors, not exactly pΨ/N: DeepSpeed cuts its flat buffer into N partitions of
+    P = Ψ/N elements (padded to 2N) and rank r keeps the whole gradient of every tensor that
+    starts in its partition or straddles its start, so a tensor that crosses a boundary is held
+    by both ranks (plscale.predict.zero_partitions, with the source lines). Given the shape
+    (tp = pp = 1: the layout of the whole model), the term is the largest rank's, and
+    Term.by_rank has each rank's. Without a shape it stays pΨ/N; ZeRO-3 (stage3.py) partitions
+    its gradients exactly.
 
 `accounting="deepspeed"` reproduces DeepSpeed's estimate_zero2/3_model_states_mem_needs
 instead (device memory, mixed precision, stages 2 and 3, no accumulation): an fp32 gradient
@@ -77,6 +85,7 @@ from plscale.predict.presets import ModelConfig, largest_layer_params, param_cou
 from plscale.predict.setup import Setup
 from plscale.predict.tensor_parallel import params_per_rank, stage_params
 from plscale.predict.units import BYTES, gib
+from plscale.predict.zero_partitions import held_elements, tensor_sizes
 
 __all__ = ["BYTES", "LABELS", "MODEL_STATES", "Estimate", "Setup", "Term", "estimate", "gib", "rank_params",
            "setup_from_ds_config"]
@@ -109,6 +118,8 @@ class Term:
     device: float                     # bytes per rank on the accelerator (or the CPU running it)
     host: float = 0.0                 # bytes per rank offloaded to host memory
     formula: str = ""
+    by_rank: tuple = ()               # bytes on each data-parallel rank where they differ (rule 5); the
+                                      # term's device or host bytes are the largest of them
 
     @property
     def total(self) -> float:
@@ -138,7 +149,8 @@ class Estimate:
         """Plain data (`plscale estimate memory --json`): the setup, each term's bytes, totals."""
         return {"setup": asdict(self.setup),
                 "terms": {t.name: {"label": t.label, "device": t.device, "host": t.host, "total": t.total,
-                                   "formula": t.formula} for t in self.terms},
+                                   "formula": t.formula, **({"by_rank": list(t.by_rank)} if t.by_rank else {})}
+                          for t in self.terms},
                 "totals": {"device": self.total("device"), "host": self.total("host"),
                            "model_states": self.model_states}}
 
@@ -190,6 +202,10 @@ def _gradients(s: Setup, psi: float) -> Term:
         if full:
             return Term("gradients", p * psi, 0, f"{p}Ψ")
         note = " (one micro-batch per step: reduced in backward)" if s.stage == 1 else ""
+        sizes = tensor_sizes(s.model) if s.stage < 3 and s.model is not None and s.tp == s.pp == 1 and n > 1 else []
+        if sum(sizes) == psi:                                                          # rule 5
+            by_rank = tuple(p * held for held in held_elements(sizes, n))
+            return Term("gradients", max(by_rank), 0, f"{p}Ψ/N + whole tensors at partition edges{note}", by_rank)
         return Term("gradients", p * psi / n, 0, f"{p}Ψ/N{note}")
     second = s.stage == 3 or (s.stage == 2 and accumulating)
     host = 4 * psi / n + (p * psi / n if second else 0)
