@@ -66,7 +66,9 @@ def main(sweep_dir: Path) -> None:
     mtbf_h = summaries[0]["mtbf_hours"]
     rows = [(s["strategy"], value(s, "stall per checkpoint")["value"] / 1e3, value(s, "training step")["value"] / 1e3)
             for s in summaries]
-    interval_chart(rows, mtbf_h * 3600, sweep_dir / "interval.png", title="checkpoint interval, by strategy")
+    every = {s.get("every") for s in summaries}  # the interval the runs used, marked where they all used one
+    interval_chart(rows, mtbf_h * 3600, sweep_dir / "interval.png", title="checkpoint interval, by strategy",
+                   every=every.pop() if len(every) == 1 else None)
     print(f"\ncharts: {sweep_dir / 'strategies.png'}, {sweep_dir / 'interval.png'}")
 
 

@@ -137,7 +137,7 @@ if ctx.is_main and records:
             f"{C['every']} steps wastes {100 * predict.waste_fraction(C['every'] * step_s, stall, mtbf_s):.2f}% "
             f"of the time, the optimum {100 * predict.waste_fraction(young, stall, mtbf_s):.2f}%")
     interval_chart([(saver.name, stall, step_s)], mtbf_s, ctx.run_dir / "interval.png",
-                   title="checkpoint interval")
+                   title="checkpoint interval", every=C["every"])
     figures += [figure("stall per checkpoint", round(1e3 * stall, 1), "ms", None, "mean; training blocked"),
                 figure("time to durable", round(1e3 * durable, 1), "ms", None, "mean; from the save to `latest`"),
                 figure("bytes per full checkpoint", round(sum(wholes) / max(1, len(wholes)) / MiB, 2), "MiB",
