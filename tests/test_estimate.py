@@ -12,6 +12,7 @@ from conftest import run_cli
 from plscale.errors import UserError
 from plscale.predict.memory import LABELS, MODEL_STATES, Setup, estimate
 from plscale.predict.presets import PRESETS, largest_layer_params, param_count, parse_count
+from plscale.predict.zero_partitions import held_elements, tensor_sizes
 from plscale.rank.census import saved_activations
 from plscale.rank.models.llama import Llama
 
@@ -226,16 +227,20 @@ def test_cli_json_is_the_model_term_by_term():
     psi = param_count(config)
     assert got["setup"]["params"] == psi and got["setup"]["model"]["vocab"] == 5000
     assert (got["setup"]["grad_accum"], got["setup"]["micro_batch"], got["setup"]["dp"]) == (3, 2, 4)
-    # fp32, stage 2, N = 4, optimizer offloaded, accumulating: 4Ψ; (4 + 4)Ψ/N, 4Ψ/N, 8Ψ/N on the host
-    expected = {"parameters": (4 * psi, 0), "gradients": (0, 8 * psi / 4), "master": (0, 4 * psi / 4),
+    # fp32, stage 2, N = 4, optimizer offloaded, accumulating: 4Ψ; (4 + 4)Ψ/N, 4Ψ/N, 8Ψ/N on the host, the
+    # accumulating 4Ψ/N of gradients as the whole tensors of each rank's partition (DeepSpeed's get_partition_info:
+    # tests/test_zero_partitions.py), the largest rank's
+    by_rank = [4 * psi / 4 + 4 * h for h in held_elements(tensor_sizes(config), 4)]
+    assert got["terms"]["gradients"]["by_rank"] == by_rank and max(by_rank) > 8 * psi / 4
+    expected = {"parameters": (4 * psi, 0), "gradients": (0, max(by_rank)), "master": (0, 4 * psi / 4),
                 "moments": (0, 8 * psi / 4)}
     for name, (device, host) in expected.items():
         term = got["terms"][name]
         assert (term["device"], term["host"], term["label"]) == (pytest.approx(device), pytest.approx(host),
                                                                  LABELS[name]), name
     assert got["terms"]["activations"]["device"] > 0
-    assert got["totals"]["model_states"] == pytest.approx(4 * psi + 20 * psi / 4)
-    assert got["totals"]["host"] == pytest.approx(20 * psi / 4)
+    assert got["totals"]["model_states"] == pytest.approx(4 * psi + 12 * psi / 4 + max(by_rank))
+    assert got["totals"]["host"] == pytest.approx(12 * psi / 4 + max(by_rank))
 
 
 # ---- `plscale estimate checkpoint` ------------------------------------------------------------

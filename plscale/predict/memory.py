@@ -48,7 +48,8 @@ micro-batches accumulate:
     by both ranks (plscale.predict.zero_partitions, with the source lines). Given the shape
     (tp = pp = 1: the layout of the whole model), the term is the largest rank's, and
     Term.by_rank has each rank's. Without a shape it stays pΨ/N; ZeRO-3 (stage3.py) partitions
-    its gradients exactly.
+    its gradients exactly. ZeRO-2 offload's accumulation on the host (rule 3) is the same whole
+    tensors: one buffer per tensor of the partition (accumulated_grads_in_cpu).
 
 `accounting="deepspeed"` reproduces DeepSpeed's estimate_zero2/3_model_states_mem_needs
 instead (device memory, mixed precision, stages 2 and 3, no accumulation): an fp32 gradient
@@ -195,23 +196,35 @@ def _paper_terms(s: Setup, psi: float) -> list[Term]:
 
 
 def _gradients(s: Setup, psi: float) -> Term:
-    """Gradients at their peak, while micro-batches accumulate (rules 2 and 3)."""
+    """Gradients at their peak, while micro-batches accumulate (rules 2, 3 and 5)."""
     p, n, accumulating = BYTES[s.precision], s.dp, s.grad_accum > 1
     full = s.stage == 0 or (s.stage == 1 and (accumulating or not s.reduce_in_backward))
+    held = _whole_tensors(s, psi)
+    edges = " (whole tensors at partition edges)" if held else ""
     if not s.offload_optimizer:
         if full:
             return Term("gradients", p * psi, 0, f"{p}Ψ")
         note = " (one micro-batch per step: reduced in backward)" if s.stage == 1 else ""
-        sizes = tensor_sizes(s.model) if s.stage < 3 and s.model is not None and s.tp == s.pp == 1 and n > 1 else []
-        if sum(sizes) == psi:                                                          # rule 5
-            by_rank = tuple(p * held for held in held_elements(sizes, n))
-            return Term("gradients", max(by_rank), 0, f"{p}Ψ/N + whole tensors at partition edges{note}", by_rank)
+        if held:
+            return Term("gradients", max(held), 0, f"{p}Ψ/N{edges}{note}", tuple(held))
         return Term("gradients", p * psi / n, 0, f"{p}Ψ/N{note}")
     second = s.stage == 3 or (s.stage == 2 and accumulating)
     host = 4 * psi / n + (p * psi / n if second else 0)
     formula = (f"{p}Ψ accumulating; " if full else "") + "4Ψ/N fp32" \
-        + (f" + {p}Ψ/N accumulating," if second else "") + " on host"
+        + (f" + {p}Ψ/N accumulating{edges if s.stage == 2 else ''}," if second else "") + " on host"
+    if s.stage == 2 and second and held:  # accumulated_grads_in_cpu: one whole buffer per tensor of the partition
+        by_rank = tuple(4 * psi / n + h for h in held)
+        return Term("gradients", 0.0, max(by_rank), formula, by_rank)
     return Term("gradients", p * psi if full else 0.0, host, formula)
+
+
+def _whole_tensors(s: Setup, psi: float) -> list | None:
+    """Rule 5: the bytes of the whole tensors each rank's gradient partition holds at ZeRO-1/2
+    (plscale.predict.zero_partitions), or None without the layout (no shape, tp or pp > 1, N = 1)."""
+    if s.stage not in (1, 2) or s.model is None or s.tp != 1 or s.pp != 1 or s.dp < 2:
+        return None
+    sizes = tensor_sizes(s.model)
+    return [BYTES[s.precision] * h for h in held_elements(sizes, s.dp)] if sum(sizes) == psi else None
 
 
 def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:
