@@ -14,7 +14,8 @@ def check(settings: dict, topology) -> None:
     if settings["memory"]["census_step"] < 0:
         raise UserError(f"memory.census_step {settings['memory']['census_step']}: use 0 or more (the step whose "
                         f"first micro-batch is counted; 1 has optimizer states).")
-    if not 0 < settings["memory"]["tolerance"] < 1:
-        raise UserError(f"memory.tolerance {settings['memory']['tolerance']}: use a fraction such as 0.05.")
+    for key, example in (("tolerance", 0.05), ("term_tolerance", 0.02)):
+        if not 0 < settings["memory"][key] < 1:
+            raise UserError(f"memory.{key} {settings['memory'][key]}: use a fraction such as {example}.")
     if settings["data"]["val_blocks"] < 1:
         raise UserError(f"data.val_blocks {settings['data']['val_blocks']}: use 1 or more.")

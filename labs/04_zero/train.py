@@ -24,11 +24,11 @@ import torch.distributed as dist
 
 from plscale.predict import memory
 from plscale.predict.cluster import gpu_of_device
-from plscale.predict.memory import MODEL_STATES
+from plscale.predict.memory import LABELS, MODEL_STATES
 from plscale.predict.presets import flops_per_token, preset
 from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
-from plscale.rank.against_prediction import memory_table, per_rank, within
+from plscale.rank.against_prediction import largest_error, memory_table, mib_figure, per_rank, within
 from plscale.rank.distributed import gathered
 from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
@@ -112,10 +112,26 @@ if ctx.is_main:
     # buffers, other: measured, not predicted; activations: saved for backward, one micro-batch
     rows = per_rank(everyone, (*MODEL_STATES, "model_states", "buffers", "other", "activations",
                                *(("allocated",) if dev.type == "cuda" else ())))
+    # ZeRO-1/2's gradient partitions hold whole tensors, so ranks differ: each rank has its own prediction
+    want = {t.name: list(t.by_rank or (t.total,) * N) for t in prediction.terms if t.name in MODEL_STATES}
+    want["model_states"] = [sum(w[r] for w in want.values()) for r in range(N)]
+    pairs = lambda names: [(v, w) for name in names for v, w in zip(rows[name], want[name]) if w]
+    uneven = [t.name for t in prediction.terms if t.by_rank]
+    uneven += ["model_states"] * bool(uneven)  # shown below the table, rank by rank
     ctx.log(f"\nmemory per rank, MiB (census after the backward of step {census_step}'s first micro-batch)")
-    by_term, figures = memory_table(ctx.log, rows, predicted)
-    ctx.check(*within("model states match the ZeRO model", [(v, predicted["model_states"]) for v in rows["model_states"]],
-                      S["memory"]["tolerance"]))
+    by_term, figures = memory_table(ctx.log, rows, {k: v for k, v in predicted.items() if k not in uneven})
+    for name in uneven:
+        error = largest_error(pairs([name]))
+        ctx.log(f"  {LABELS[name] + ', predicted by rank':34}" + "".join(f"{w / MiB:10.2f}" for w in want[name])
+                + f"{'':11}{100 * error:8.1f}%")
+        by_term[name]["predicted_bytes"] = predicted[name]  # the largest rank's
+        figures.append(mib_figure(f"{LABELS[name]} per rank (max)", max(rows[name]), predicted[name],
+                                  f"each rank against its own: error {100 * error:.1f}%"))
+    for name in want:
+        by_term[name]["predicted_by_rank"] = want[name]
+    ctx.check(*within("model states match the ZeRO model", pairs(["model_states"]), S["memory"]["tolerance"]))
+    ctx.check(*within("each model state matches the model on each rank", pairs(MODEL_STATES),
+                      S["memory"]["term_tolerance"]))
 
     ctx.log("\nper step, by collective (DeepSpeed comms logger):" if comms.enabled() else
             "\n(comms logger off: set ds.comms_logger=true for bytes per collective)")
