@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from plscale.charts.plots import curves_and_gaps  # noqa: E402
 from plscale.predict.memory import LABELS, MODEL_STATES  # noqa: E402
 from plscale.predict.units import MiB  # noqa: E402
 
@@ -49,17 +50,14 @@ def memory_chart(summaries: list[dict], path: Path) -> None:
 
 
 def loss_chart(summaries: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for s, style in zip(summaries, ["-", "--", ":", "-."]):
-        ax.plot(range(len(s["losses"])), s["losses"], style, label=f"ZeRO-{s['stage']}", linewidth=1.6)
-    ax.set_title("WikiText-2 training loss: the same curve at every stage")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """The curves, and below them each stage's |loss - the first stage's| per step (log): parity
+    to float precision, not just lines on top of each other."""
+    curves = {f"ZeRO-{s['stage']}": (range(len(s["losses"])), s["losses"]) for s in summaries}
+    first = next(iter(curves))
+    exact = all(a == b for s in summaries for a, b in zip(s["losses"], summaries[0]["losses"]))
+    curves_and_gaps(path, curves, first, "WikiText-2 training loss: the same curve at every stage",
+                    styles=dict(zip(curves, ["-", "--", ":", "-."])),
+                    note=f"every gap to {first} is exactly 0 (drawn on the floor)" if exact else None)
 
 
 def main(sweep_dir: Path) -> None:
