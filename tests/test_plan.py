@@ -292,7 +292,7 @@ def test_ranking_in_tie_groups_and_why():
     less memory first. A later group is always slower."""
     def timed(step, tp=1, memory=1.0, **terms_):
         c = candidate(tp=tp)
-        c.memory, c.terms = memory, {"compute": step, "bubble": 0, "tp": 0, "dp": 0, "pp": 0, "cp": 0, **terms_}
+        c.memory, c.terms = memory, {"compute": step, "bubble": 0, "tp": 0, "dp": 0, "pp": 0, "cp": 0, "optimizer": 0, **terms_}
         return c
     a, b, c, d, e = timed(1.0, tp=2), timed(1.005), timed(1.0095, memory=0.5), timed(1.0151), timed(1.02)
     ranked = rank([e, d, c, b, a])

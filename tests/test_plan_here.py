@@ -17,9 +17,10 @@ from plscale.run import flow, layouts
 from plscale.run.launch import Options
 from plscale.run.machine import Machine
 
-# measured 2026-11-28 on the 2-core CI machine: `plscale plan --here --gpus 8 --model tiny --seq 64 --micro-batch 2`
-MEASURED = Machine(8, 2, 12.36e9, 0.51, 1557.0, 2.8 * 2**30,
-                   "the 2 x 64-token forward and backward of a 128-wide, 2-layer Llama")
+# measured 2026-12-01 on the 2-core CI machine: `plscale plan --here --gpus 8 --model tiny --seq 64 --micro-batch 2`
+MEASURED = Machine(8, 2, 16.92e9, 0.494, 1489.0, 2.8 * 2**30,
+                   "the 2 x 64-token forward and backward of a 128-wide, 2-layer Llama",
+                   {"reduce_scatter": 0.062, "all_gather": 0.264}, 937.5, 28.0, 11880.0)
 TINY_JOB = Job(PRESETS["tiny"], 8, 64, 16, "fp32", 1.0, fixed=(("recompute", "none"), ("micro_batch", 2),
                                                              ("virtual", 1)), overlap=False)
 
@@ -48,6 +49,23 @@ def test_ranks_sharing_cores_pay_the_bubble_as_a_gpu_does_only_with_a_core_each(
     assert shares == sorted(shares) and shares[1] == 0.0 and 0 < shares[5] < 0.5
 
 
+def test_what_gloo_and_dispatch_cost_on_cpu_ranks_moves_the_plan_as_measured():
+    # Properties of the measured figures (MEASURED above), not their arithmetic. gloo's reduce-scatter runs
+    # at a fraction of its all-reduce's rate: ZeRO-1's reduce-scatter and all-gather cost more than ZeRO-0's
+    # all-reduce of the same gradients (lab 11 measured 109 ms against 18 ms for 2.75 MB on 8 ranks).
+    # A layer's fixed cost (dispatch) is paid whole by every tp rank: tp 2 halves the FLOPs, not the time.
+    job, gpu = TINY_JOB, MEASURED.cluster()
+
+    def terms(dp, tp, zero, overhead=MEASURED.layer_overhead_us):
+        c = Candidate(dp, tp, 1, 1, zero, "none", 2, 16 // (2 * dp), False, 0.0)
+        return step_terms(job, replace(gpu, layer_overhead_us=overhead), c, memory_setup(job, c, 2), 2)
+
+    assert terms(8, 1, 1)["dp"] > terms(8, 1, 0)["dp"] > 0
+    assert terms(8, 1, 1)["optimizer"] == pytest.approx(terms(8, 1, 0)["optimizer"] / 8)   # ZeRO-1: 1/8 of the states
+    assert terms(4, 2, 0, overhead=0)["compute"] == pytest.approx(terms(8, 1, 0, overhead=0)["compute"])
+    assert terms(4, 2, 0)["compute"] > terms(8, 1, 0)["compute"]     # 2 micro-batches a rank, each its whole dispatch
+
+
 def test_the_plan_keeps_the_fixed_micro_batch_and_plain_1f1b():
     result = plan(TINY_JOB, MEASURED.cluster())
     assert result.ranked and {(c.micro_batch, c.virtual, c.recompute) for c in result.ranked} == {(2, 1, "none")}
@@ -65,6 +83,8 @@ def test_plan_here_measures_this_machine_and_a_saved_machine_plans_alike(cli, tm
     assert "this machine: 2 CPU ranks" in out.stderr
     m = first["machine"]
     assert m["ranks"] == 2 and m["flops"] > 1e7 and m["busbw_gbs"] > 0 and m["latency_us"] > 0 and m["memory"] > 2**20
+    assert set(m["collective_gbs"]) == {"reduce_scatter", "all_gather"} and min(m["collective_gbs"].values()) > 0
+    assert m["p2p_latency_us"] > 0 and m["optimizer_ns"] > 0 and m["layer_overhead_us"] >= 0
     assert first["gpu"]["cores"] == m["cores"] and first["job"]["precision"] == "fp32"
     assert {(c["dp"], c["tp"], c["pp"], c["cp"]) for c in first["candidates"]} == {(2, 1, 1, 1), (1, 2, 1, 1),
                                                                                    (1, 1, 2, 1), (1, 1, 1, 2)}

@@ -26,8 +26,9 @@ Sources (datasheets as published by NVIDIA):
   Their memory is the datasheet's GB in GiB less about 6 % for ECC and the driver, as nvidia-smi
   shows it (46,068 MiB on an L40S; 23,028, 23,034 and 24,564 MiB on the A10, L4 and 4090).
 HBM bandwidth (`hbm_gbs`, GB/s, the datasheets' figures): H100 SXM5 3,350 (HBM3), H200 SXM 4,800
-(HBM3e), A100 SXM4 80GB 2,039 (HBM2e), A100 SXM4 40GB 1,555 (HBM2). Only the roofline
-(plscale.predict.roofline) uses it; the planner does not.
+(HBM3e), A100 SXM4 80GB 2,039 (HBM2e), A100 SXM4 40GB 1,555 (HBM2). The roofline
+(plscale.predict.roofline) uses it, and the planner's optimizer term (an elementwise AdamW reads
+and writes each parameter's states once: step_time.ADAM_BYTES over this bandwidth).
 Latency: a collective of N ranks pays a fixed latency a step besides its bytes (Hockney's alpha-beta
 model). Steps: a ring's N-1 a phase, a tree's log2 N (an all-reduce has two phases); the planner
 takes the fewer (plscale.predict.step_time.latency_steps): NCCL switches to tree, NVLS or PAT
@@ -41,12 +42,17 @@ collectives`) is lower, often 70-85 % of it: give --intra-gbs and --inter-gbs to
 This machine (`cpu_ranks`, `plscale plan --here`): N CPU processes over gloo, as the labs run
 without a GPU, are N "GPUs" of one node whose figures are measured, not looked up
 (plscale.run.machine): the FLOP/s a rank reaches on the model's own forward and backward while
-all N run at once, gloo's all-reduce bus bandwidth and its latency a ring step, and the memory
-available over N. When the ranks outnumber the cores (`cores`), they take turns on them: a
-rank that waits hands its core to one that works (step_time: the pipeline bubble).
+all N run at once, and the fixed cost of a layer at no FLOPs (the dispatch of its operators,
+which a tp or cp rank pays whole on its smaller matrices: on 8 ranks of 2 cores, at the tiny
+preset, more of a layer's time than its FLOPs), gloo's all-reduce bus bandwidth and its latency a ring step, and the memory
+available over N; gloo's reduce-scatter and all-gather at their own bus bandwidth (gloo does
+not run them at the all-reduce's rate: on 8 ranks of 2 cores its reduce-scatter was 6x slower),
+a point-to-point hop's latency (isend/irecv, as ring attention and the pipeline send), and
+AdamW's step a parameter. When the ranks outnumber the cores (`cores`), they take turns on them:
+a rank that waits hands its core to one that works (step_time: the pipeline bubble).
 """
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from plscale.errors import did_you_mean
 from plscale.predict.errors import PredictionError
@@ -66,6 +72,10 @@ class GPU:
     inter_latency_us: float = 5.0   # one step of a ring across nodes
     hbm_gbs: float = 0.0            # GPU memory bandwidth, GB/s (module doc); 0: not known
     cores: int = 0                  # CPU ranks: the cores they share (module doc); 0: a device each
+    collective_gbs: dict = field(default_factory=dict)   # op -> its own bus GB/s inside a node; else intra_gbs
+    p2p_latency_us: float = 0.0     # a point-to-point hop between neighbours; 0: a ring step's latency
+    optimizer_ns: float = 0.0       # measured AdamW step a parameter; 0: from hbm_gbs (step_time.ADAM_BYTES)
+    layer_overhead_us: float = 0.0  # measured fixed cost of a layer's forward and backward a micro-batch; 0: none
 
     def peak(self, precision: str) -> float:
         key = "fp32" if precision == "fp32" else "bf16"   # fp16 and bf16 share the tensor-core peak
@@ -107,20 +117,25 @@ def gpu_of_device(device_name: str) -> GPU | None:
     return GPUS[ALIASES.get(known[0], known[0])] if known else None
 
 
-def cpu_ranks(ranks: int, cores: int, flops: float, busbw_gbs: float, latency_us: float, memory: float) -> GPU:
+def cpu_ranks(ranks: int, cores: int, flops: float, busbw_gbs: float, latency_us: float, memory: float,
+              collective_gbs: dict | None = None, p2p_latency_us: float = 0.0, optimizer_ns: float = 0.0,
+              layer_overhead_us: float = 0.0) -> GPU:
     """This machine's `ranks` CPU processes as one node of `ranks` "GPUs" (module doc): measured
-    FLOP/s a rank (every precision alike), one link for all (gloo over loopback), bytes a rank.
+    FLOP/s a rank (every precision alike), one link for all (gloo over loopback) with the bus
+    bandwidth of each collective gloo runs its own way, a point-to-point hop's latency, AdamW's
+    seconds a parameter, a layer's fixed cost a micro-batch, bytes a rank.
 
     >>> cpu_ranks(8, 2, 2e9, 1.5, 90, 2 * GiB).name
     '8 CPU ranks on 2 cores'
     """
     for quantity, value in (("ranks", ranks), ("cores", cores), ("flops", flops), ("busbw_gbs", busbw_gbs),
-                            ("memory", memory)):
+                            ("memory", memory), *(collective_gbs or {}).items()):
         if value <= 0:
             raise PredictionError(quantity, value, ": must be more than 0.")
     return GPU(f"{ranks} CPU ranks on {cores} core{'s' if cores > 1 else ''}", memory, {"bf16": flops, "fp32": flops},
                busbw_gbs, busbw_gbs, ranks, "measured on this machine (plscale.run.machine)",
-               latency_us, latency_us, cores=cores)
+               latency_us, latency_us, cores=cores, collective_gbs=dict(collective_gbs or {}),
+               p2p_latency_us=p2p_latency_us, optimizer_ns=optimizer_ns, layer_overhead_us=layer_overhead_us)
 
 
 def find_gpu(name: str | None = "H100", memory_gib: float | None = None, peak_tflops: float | None = None,

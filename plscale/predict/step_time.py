@@ -8,7 +8,9 @@ the one with the most compute + tp + cp sets every term.
 
   compute   the stage's FLOPs (recompute.step_flops: 6 per weight per token, attention, what
             recomputation reruns; the head's on the last stage) x tokens x pp / (gpus x peak x
-            efficiency), `compute_seconds`: each GPU of a stage does 1 / (dp tp cp) of the stage's work
+            efficiency), `compute_seconds`: each GPU of a stage does 1 / (dp tp cp) of the stage's work;
+            plus, where it was measured (CPU ranks: `GPU.layer_overhead_us`), a layer's fixed cost
+            for each of its layers and micro-batches, which tp and cp do not divide
   bubble    the pipelined work (compute + tp + pp + cp) x f / (1 - f),
             f = pipeline.bubble_fraction(pp, m, v) = (pp - 1) / (v m + pp - 1): with 1F1B (v 1) and
             pp 4, m 8 the bubble is 3/8 of the busy time; interleaved with v 2, 3/16.
@@ -40,9 +42,15 @@ the one with the most compute + tp + cp sets every term.
             recomputation reruns the attention; hidden behind the causal attention core of the
             rank's zig-zag share (context_parallel.pair_work's scores: 4 d FLOPs a score forward,
             twice that backward)
+  optimizer the optimizer step over the parameters a rank keeps states of (rank_params; / dp x cp
+            under ZeRO 1-3), after the gradients and before ZeRO's parameter all-gather: a
+            measured AdamW's seconds a parameter (CPU ranks, cluster.cpu_ranks), else an
+            elementwise AdamW's ADAM_BYTES a parameter read and written at the HBM bandwidth
+            (0 when the GPU's is unknown)
 
 Collectives (`collective_seconds`): bytes x busbw.bus_factor(op, n) / bandwidth + latency steps x
-a step's latency. Latency steps: the fewer of a ring's (n - 1 a phase) and a tree's (log2 n a
+a step's latency. The bandwidth is the link's (below), or inside a node an op's own where it was
+measured (`GPU.collective_gbs`: gloo's reduce-scatter and all-gather on CPU ranks). Latency steps: the fewer of a ring's (n - 1 a phase) and a tree's (log2 n a
 phase; an all-reduce has two phases): NCCL picks tree, NVLS or PAT algorithms at scale, whose
 latency grows as log n (an assumption; its tuner's real choice depends on size and topology).
 
@@ -51,10 +59,11 @@ of n ranks `stride` apart stays on NVLink when every such group lies inside one 
 stride at most a node and dividing it). A group that crosses nodes with k members on each node
 it touches runs its collectives at min(NVLink, k x network): NCCL spreads its rings over the k
 network cards (one per GPU); the fewest members any group has on one node set k.
-Point-to-point traffic (pp, cp's ring hops) uses one card a pair: the network's bandwidth.
+Point-to-point traffic (pp, cp's ring hops) uses one card a pair: the network's bandwidth. Its
+latency a message is a ring step's, or a hop's where it was measured (`GPU.p2p_latency_us`).
 
 Not modelled: kernel efficiency against matmul size (one efficiency for every shape), launch
-latency, the network's lower efficiency on small messages (a ring's chunk is its message / n),
+latency on GPUs, the network's lower efficiency on small messages (a ring's chunk is its message / n),
 congestion between groups sharing a card, zero-bubble schedules, expert parallelism, offload, fp8.
 """
 
@@ -73,9 +82,13 @@ from plscale.predict.recompute import layer_forward_flops, step_flops
 from plscale.predict.tensor_parallel import ELEMENT_BYTES
 from plscale.predict.tensor_parallel import collectives as tp_collectives
 
-TERMS = ("compute", "bubble", "tp", "dp", "pp", "cp")
+TERMS = ("compute", "bubble", "tp", "dp", "pp", "cp", "optimizer")
 LABELS = {"compute": "compute", "bubble": "pipeline bubble", "tp": "tensor-parallel comm",
-          "dp": "data-parallel comm", "pp": "pipeline p2p", "cp": "context-parallel ring"}
+          "dp": "data-parallel comm", "pp": "pipeline p2p", "cp": "context-parallel ring",
+          "optimizer": "optimizer step"}
+# bytes an elementwise AdamW moves a parameter: reads the fp32 master, gradient and two moments,
+# writes the master and the moments back (7 x 4 B; fused and foreach kernels touch each once)
+ADAM_BYTES = 28
 
 
 def latency_steps(op: str, n: int) -> int:
@@ -120,19 +133,24 @@ def fewest_per_node(n: int, stride: int, per_node: int) -> int | None:
     return fewest
 
 
-def link(gpu: GPU, n: int, stride: int) -> tuple[float, float]:
-    """(bytes/s, seconds a latency step) of the collectives of a group of n ranks `stride` apart."""
+def link(gpu: GPU, n: int, stride: int, op: str = "all_reduce") -> tuple[float, float]:
+    """(bytes/s, seconds a latency step) of the collectives `op` of a group of n ranks `stride` apart."""
     k = fewest_per_node(n, stride, gpu.gpus_per_node)
     if k is None:
-        return gpu.intra_gbs * 1e9, gpu.intra_latency_us * 1e-6
+        return gpu.collective_gbs.get(op, gpu.intra_gbs) * 1e9, gpu.intra_latency_us * 1e-6
     return min(gpu.intra_gbs, k * gpu.inter_gbs) * 1e9, gpu.inter_latency_us * 1e-6
 
 
 def p2p_link(gpu: GPU, n: int, stride: int) -> tuple[float, float]:
     """Point-to-point between neighbours of such a group: one network card a pair when it crosses."""
     if fewest_per_node(n, stride, gpu.gpus_per_node) is None:
-        return gpu.intra_gbs * 1e9, gpu.intra_latency_us * 1e-6
-    return gpu.inter_gbs * 1e9, gpu.inter_latency_us * 1e-6
+        return gpu.intra_gbs * 1e9, (gpu.p2p_latency_us or gpu.intra_latency_us) * 1e-6
+    return gpu.inter_gbs * 1e9, (gpu.p2p_latency_us or gpu.inter_latency_us) * 1e-6
+
+
+def links(gpu: GPU, n: int, stride: int) -> tuple:
+    """((op, link), ...) for the collectives a tensor-parallel group issues, hashable for the cache."""
+    return tuple((op, link(gpu, n, stride, op)) for op in ("all_reduce", "all_gather", "reduce_scatter"))
 
 
 def stages(layers: int, pp: int, heaviest: int) -> dict[str, tuple[int, bool, bool]]:
@@ -148,16 +166,16 @@ def stages(layers: int, pp: int, heaviest: int) -> dict[str, tuple[int, bool, bo
 
 @cache
 def tp_parts(model: ModelConfig, tp: int, tokens: int, micro_batch: int, precision: str, sp: bool, m: int,
-             link: tuple[float, float]) -> tuple[float, float, float, float]:
+             op_links: tuple) -> tuple[float, float, float, float]:
     """Seconds a step of TP collectives: (a layer's forward ones, a layer's backward ones, the first
     stage's own, the last stage's own), from tensor_parallel.collectives of 1 and 2 layers."""
     def seconds(layers):
         rows = tp_collectives(replace(model, layers=layers), tp, tokens, micro_batch, precision, sp=sp,
                               micro_batches=m)
-        out = {}
+        out, by_op = {}, dict(op_links)
         for r in rows:
             key = ("embedding" if r.where.startswith("embedding") else "rest", r.phase)
-            out[key] = out.get(key, 0.0) + collective_seconds(r.op, r.total, tp, link, r.calls)
+            out[key] = out.get(key, 0.0) + collective_seconds(r.op, r.total, tp, by_op[r.op], r.calls)
         return out
     one, two = seconds(1), seconds(2)
     layer = {k: two[k] - one[k] for k in two}
@@ -173,7 +191,7 @@ def tp_seconds(job, gpu: GPU, c, layers: int, first: bool, last: bool) -> float:
     if c.tp == 1:
         return 0.0
     forward, backward, own_first, own_last = tp_parts(job.model, c.tp, job.seq // c.cp, c.micro_batch,
-                                                      job.precision, c.sp, c.micro_batches, link(gpu, c.tp, 1))
+                                                      job.precision, c.sp, c.micro_batches, links(gpu, c.tp, 1))
     rerun = 2 if c.recompute == "full" else 1
     return layers * (rerun * forward + backward) + first * own_first + last * own_last
 
@@ -210,7 +228,7 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     cp_layer = cp_seconds_a_layer(job, gpu, c) if c.cp > 1 else 0.0
     paced = {}
     for name, (layers, first, last) in stages(model.layers, c.pp, heaviest).items():
-        compute = (layers * layer + last * head) * per_flop
+        compute = (layers * layer + last * head) * per_flop + m * layers * gpu.layer_overhead_us * 1e-6
         paced[name] = (compute, tp_seconds(job, gpu, c, layers, first, last), layers * cp_layer, layers)
     compute, tp, cp, layers = max(paced.values(), key=lambda t: t[0] + t[1] + t[2])
 
@@ -220,15 +238,18 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     n, grads = c.dp * c.cp, BYTES[job.precision] * rank_params(setup)
     dp = 0.0
     if n > 1:   # one reduce-scatter or all-gather of pΨ, a layer at a time
-        ring = collective_seconds("reduce_scatter", grads, n, link(gpu, n, c.tp), calls=layers)
-        if c.zero == 0:
-            dp = max(0.0, 2 * ring - backward_window)
+        def ring(op):
+            return collective_seconds(op, grads, n, link(gpu, n, c.tp, op), calls=layers)
+        scatter, gather = ring("reduce_scatter"), ring("all_gather")
+        if c.zero == 0:   # an all-reduce: a reduce-scatter and an all-gather's bytes, at its own rate
+            dp = max(0.0, collective_seconds("all_reduce", grads, n, link(gpu, n, c.tp), calls=layers)
+                     - backward_window)
         elif c.zero == 1:
-            dp = max(0.0, ring - backward_window) + ring
+            dp = max(0.0, scatter - backward_window) + gather
         elif c.zero == 2:
-            dp = m * max(0.0, ring - backward_window) + ring
+            dp = m * max(0.0, scatter - backward_window) + gather
         else:
-            dp = m * (max(0.0, ring - forward_window) + max(0.0, 2 * ring - backward_window))
+            dp = m * (max(0.0, gather - forward_window) + max(0.0, gather + scatter - backward_window))
 
     pp = 0.0
     if c.pp > 1:   # each micro-batch crosses the rank's v chunk boundaries, forward and backward
@@ -244,7 +265,12 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
             bubble = max(0.0, work * gpu.cores / (job.gpus * (1 - f)) - work)
         else:
             bubble = work * f / (1 - f)
-    return {"compute": compute, "bubble": bubble, "tp": tp, "dp": dp, "pp": pp, "cp": cp}
+    kept = rank_params(setup) / (n if c.zero >= 1 else 1)   # the parameters whose states this rank steps
+    if gpu.optimizer_ns:
+        optimizer = kept * gpu.optimizer_ns * 1e-9
+    else:
+        optimizer = kept * ADAM_BYTES / (gpu.hbm_gbs * 1e9) if gpu.hbm_gbs else 0.0
+    return {"compute": compute, "bubble": bubble, "tp": tp, "dp": dp, "pp": pp, "cp": cp, "optimizer": optimizer}
 
 
 _step_flops = cache(step_flops)

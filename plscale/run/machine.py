@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from plscale.errors import UserError
@@ -35,14 +35,21 @@ class Machine:
     latency_us: float          # a ring step of a small all-reduce
     memory: float              # bytes available a rank
     measured_on: str           # the model and micro-batch the FLOP/s are of
+    collective_gbs: dict = field(default_factory=dict)   # reduce_scatter, all_gather: their own bus bandwidth
+    p2p_latency_us: float = 0.0   # one hop of an isend/irecv ring; 0: a ring step's
+    optimizer_ns: float = 0.0     # AdamW's step, a parameter; 0: not measured
+    layer_overhead_us: float = 0.0   # a layer's forward and backward at no FLOPs (dispatch), a micro-batch
 
     def cluster(self) -> GPU:
-        return cpu_ranks(self.ranks, self.cores, self.flops, self.busbw_gbs, self.latency_us, self.memory)
+        return cpu_ranks(self.ranks, self.cores, self.flops, self.busbw_gbs, self.latency_us, self.memory,
+                         self.collective_gbs, self.p2p_latency_us, self.optimizer_ns, self.layer_overhead_us)
 
     def describe(self) -> str:
-        return (f"{self.ranks} CPU ranks on {self.cores} cores: {self.flops / 1e9:.2f} GFLOP/s a rank "
-                f"({self.measured_on}, all ranks at once), gloo all-reduce {self.busbw_gbs:.2f} GB/s bus bandwidth, "
-                f"{self.latency_us:.0f} us a ring step, {self.memory / 2**30:.1f} GiB a rank")
+        others = "".join(f", {op.replace('_', '-')} {gbs:.2f}" for op, gbs in self.collective_gbs.items())
+        return (f"{self.ranks} CPU ranks on {self.cores} cores: {self.flops / 1e9:.2f} GFLOP/s a rank and "
+                f"{self.layer_overhead_us / 1e3:.2f} ms a layer at no FLOPs ({self.measured_on}, all ranks at once), gloo bus bandwidth all-reduce {self.busbw_gbs:.2f}"
+                f"{others} GB/s, {self.latency_us:.0f} us a ring step, {self.p2p_latency_us:.0f} us a point-to-point "
+                f"hop, AdamW {self.optimizer_ns:.1f} ns a parameter, {self.memory / 2**30:.1f} GiB a rank")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,8 +58,10 @@ class Machine:
     def from_dict(cls, raw: dict) -> "Machine":
         """Saved figures (a plan's "machine"); ValueError when one is missing or not a positive number."""
         found = cls(**{k: raw[k] for k in cls.__dataclass_fields__})
-        for name in ("ranks", "cores", "flops", "busbw_gbs", "latency_us", "memory"):
-            value = getattr(found, name)
+        numbers = ("ranks", "cores", "flops", "busbw_gbs", "latency_us", "memory", "p2p_latency_us", "optimizer_ns")
+        if not isinstance(found.layer_overhead_us, (int, float)) or found.layer_overhead_us < 0:
+            raise ValueError(f"layer_overhead_us {found.layer_overhead_us!r} is not a number of 0 or more")
+        for name, value in [*((n, getattr(found, n)) for n in numbers), *found.collective_gbs.items()]:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} {value!r} is not a positive number")
         return found
@@ -103,13 +112,14 @@ def measure(ranks: int, config: ModelConfig, micro_batch: int, seq: int, seconds
         raw = json.loads(out.read_text())
     return Machine(ranks, cpu_cores(), raw["flops"], raw["busbw_gbs"], raw["latency_us"], available / ranks,
                    f"the {micro_batch} x {seq}-token forward and backward of a {config.hidden}-wide, "
-                   f"{config.layers}-layer Llama")
+                   f"{config.layers}-layer Llama", raw["collective_gbs"], raw["p2p_latency_us"], raw["optimizer_ns"],
+                   raw["layer_overhead_us"])
 
 
 def measure_showing(console, ranks: int, config: ModelConfig, micro_batch: int, seq: int) -> Machine:
     """measure, with a status line while it runs and the figures printed after."""
     with console.status(f"measuring this machine: {ranks} CPU ranks at once, the model's forward and backward, "
-                        f"then gloo's all-reduces (about 10 s)"):
+                        f"AdamW's step, then gloo's collectives (about 15 s)"):
         found = measure(ranks, config, micro_batch, seq)
     console.print(f"this machine: {found.describe()}", highlight=False)
     return found

@@ -158,7 +158,7 @@ def memory(out: Path) -> Path:
 
 def planner(out: Path) -> Path:
     """The planner's four best layouts for two published runs, step time by term; the published one marked."""
-    colors = {"compute": BLUE, "bubble": GREY, "tp": RED, "dp": SAND, "pp": GREEN, "cp": SKY}
+    colors = {"compute": BLUE, "bubble": GREY, "tp": RED, "dp": SAND, "pp": GREEN, "cp": SKY, "optimizer": NAVY}
     runs = [p for name in ("Megatron-LM GPT 145.6B", "Llama 3 405B, 16K GPUs") for p in PUBLISHED if p.name == name]
     plans = [plan(Job(SHAPES[r.model], r.gpus, r.seq, r.global_batch, fixed=r.fixed), GPUS[r.gpu]).best_per_layout()[:4]
              for r in runs]
