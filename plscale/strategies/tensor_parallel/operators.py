@@ -7,7 +7,9 @@ Two operators glue them (Shoeybi et al., Megatron-LM, 2019), each the other's mi
     f  copy_to(x)          forward: identity       backward: all-reduce the gradient
     g  reduce_from(x)      forward: all-reduce     backward: identity
 
-so one attention block or MLP costs one all-reduce forward (g) and one backward (f).
+so one attention block or MLP costs one all-reduce forward (g) and one backward (f). On a
+group of one rank each is the identity, and sends nothing (as Megatron's mappings bypass it):
+a layout with tp 1 pays no collective.
 
 Sequence parallelism (Korthikanti et al., 2022) keeps the norms and residuals split along
 the sequence between the blocks. An all-reduce is a reduce-scatter then an all-gather, so
@@ -42,6 +44,8 @@ def _bytes(x: torch.Tensor) -> int:
 
 def all_reduce(x: torch.Tensor, group, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """A summed (or max) copy of x over the group."""
+    if dist.get_world_size(group) == 1:
+        return x
     TALLY.add("all_reduce", phase, _bytes(x))
     x = x.contiguous().clone()
     with TALLY.timed():
@@ -52,6 +56,8 @@ def all_reduce(x: torch.Tensor, group, phase: str, op=dist.ReduceOp.SUM) -> torc
 def all_gather_along_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     """[b, s/t, h] on each rank -> [b, s, h], the ranks' slices in group order."""
     t = dist.get_world_size(group)
+    if t == 1:
+        return x
     front = x.transpose(0, SEQ).contiguous()           # the sequence first: gathered slices stack on dim 0
     out = front.new_empty((front.shape[0] * t, *front.shape[1:]))
     with TALLY.timed():
@@ -63,6 +69,8 @@ def all_gather_along_sequence(x: torch.Tensor, group, phase: str) -> torch.Tenso
 def reduce_scatter_along_sequence(x: torch.Tensor, group, phase: str) -> torch.Tensor:
     """[b, s, h] partial sums on each rank -> [b, s/t, h]: this rank's slice of the sum."""
     t = dist.get_world_size(group)
+    if t == 1:
+        return x
     front = x.transpose(0, SEQ).contiguous()
     if front.shape[0] % t:
         raise ValueError(f"sequence of {front.shape[0]} tokens does not split over {t} ranks")
