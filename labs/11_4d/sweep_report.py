@@ -97,8 +97,12 @@ def main(sweep_dir: Path) -> None:
     ratios = [r["measured_s"] / r["predicted_s"] for r in rows]
     rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
     error = statistics.median(abs(1 / q - 1) for q in ratios)
-    print(f"\nthe planner on this machine ({machine}: {m['flops'] / 1e9:.2f} GFLOP/s a rank, gloo "
-          f"{m['busbw_gbs']:.2f} GB/s, {m['latency_us']:.0f} us a ring step), {len(rows)} layouts, planner's order:")
+    gloo = ", ".join(f"{op.replace('_', '-')} {gbs:.2f}" for op, gbs in {"all-reduce": m["busbw_gbs"],
+                                                                          **m["collective_gbs"]}.items())
+    print(f"\nthe planner on this machine ({machine}: {m['flops'] / 1e9:.2f} GFLOP/s a rank and "
+          f"{m['layer_overhead_us'] / 1e3:.1f} ms a layer at no FLOPs, gloo {gloo} GB/s, {m['latency_us']:.0f} us a "
+          f"ring step, {m['p2p_latency_us']:.0f} us a point-to-point hop, AdamW {m['optimizer_ns']:.0f} ns a "
+          f"parameter), {len(rows)} layouts, planner's order:")
     print(f"  {'layout':16} {'ZeRO':>4} {'m':>3} {'sp':>3} {'predicted s':>11} {'measured s':>10} {'meas/pred':>9}  "
           "predicted terms (s)")
     for r, q in zip(rows, ratios):
