@@ -6,6 +6,9 @@
     .venv/bin/python benchmarks/make_references.py --gpu zero      on GPUs: a "gpu" section
     .venv/bin/python benchmarks/make_references.py --rederive      no run: rebuild every entry from
                                                                    its recorded run (new tolerance rules)
+    .venv/bin/python benchmarks/make_references.py --data-dir ''  the built-in offline text a fresh
+                                                                   machine falls back to: kept beside
+                                                                   the real data's, under "other_data"
 
 Each lab runs through the real CLI, one after another (never two at once), with the lab's
 default settings and rank count: `plscale lab run LAB --variant V --cpu [--data-dir DIR]`
@@ -117,8 +120,9 @@ def rederive(lab, runs_dir: Path, data_dir: str | None) -> None:
     An entry made before commands named their data folder gets `--data-dir DIR` added where its
     run says it read its dataset from DIR (real data, DIR in the run's own data line)."""
     old = references.load(lab.folder) or {}
+    other = old.get(references.OTHER_DATA) or {}
     for section in ("cpu", "gpu"):
-        for entry in (old.get(section) or {}).values():
+        for entry in [*(old.get(section) or {}).values(), *(e for es in (other.get(section) or {}).values() for e in es)]:
             run_dir = runs_dir / entry.get("run", "?")
             if not (run_dir / "summary.json").is_file():
                 print(f"   {lab.id} / {entry['variant']}: {run_dir} is gone: kept as it was", flush=True)

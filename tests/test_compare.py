@@ -269,6 +269,25 @@ def test_entry_for_keys_by_rank_count():
     assert entry is None and note.startswith("no reference at 4 ranks (reference.json has default at 2 ranks")
 
 
+def test_a_run_is_judged_against_the_entry_of_its_own_data(tmp_path):
+    real = {"variant": "zero2", "world_size": 2, "system": {}, "data": "WikiText-2 from valid.txt in ~/data/wikitext-2",
+            "real_data": True, "figures": [{"name": "final loss", "value": 6.1}]}
+    offline = {**real, "data": "OFFLINE FALLBACK: Python 3.11's bundled reference text", "real_data": False,
+               "figures": [{"name": "final loss", "value": 7.3}]}
+    references.write(tmp_path, "zero", real, "the WikiText-2 runs")
+    references.write(tmp_path, "zero", offline, "the offline runs")
+    references.write(tmp_path, "zero", {**offline, "wall_s": 9}, "again")     # the same data: replaced, not added
+    saved = references.load(tmp_path)
+    assert saved["cpu"]["zero2"] == real and saved["note"] == "the WikiText-2 runs"    # the decks' entry and note stay
+    assert saved[references.OTHER_DATA]["cpu"]["zero2"] == [{**offline, "wall_s": 9}]
+    # the same files in another folder are the same data; the offline text is its own
+    here = {"data": "WikiText-2 from valid.txt in /home/me/wt2", "real_data": True}
+    assert references.entry_for(saved, "zero2", {}, 2, here) == (real, "")
+    assert references.entry_for(saved, "zero2", {}, 2, {"data": offline["data"], "real_data": False})[0]["wall_s"] == 9
+    entry, note = references.entry_for(saved, "zero2", {}, 2, {"data": "WikiText-2 from the hub", "real_data": True})
+    assert entry == real and note.startswith("no reference measured on this run's data (WikiText-2 from the hub)")
+
+
 def test_report_imports_neither_torch_nor_matplotlib():
     code = ("import sys; from plscale.cli import report; from plscale.run import compare; "
             "print(','.join(m for m in ('torch', 'matplotlib', 'deepspeed') if m in sys.modules))")

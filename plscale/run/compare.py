@@ -26,7 +26,6 @@ from plscale.lab.settings import flatten
 from plscale.run import references
 
 NODE_COPY = re.compile(r"node-(\d+)")
-PATH = re.compile(r"[~/][^\s;,)]*")
 SHOWN_DIFFERENCES = 4  # settings named in a cause before "and N more"
 SHOWN_RUNS = 3         # runs named when a folder of runs is given instead of a run
 DAMAGED = "fetch it again or re-run the lab."
@@ -201,7 +200,8 @@ def judge(run: Run) -> Judgement:
         lab, _ = find(run.lab)
     except UserError:
         return Judgement(None, f"lab {run.lab!r} is not among this checkout's labs: no reference")
-    entry, note = references.entry_for(references.load(lab.folder), run.variant, run.system, world_size(run))
+    entry, note = references.entry_for(references.load(lab.folder), run.variant, run.system, world_size(run),
+                                       run.summary)
     if entry is None:
         return Judgement(None, note)
     system = system_differences(run, entry)
@@ -222,8 +222,7 @@ def likely_causes(run: Run, entry: dict, system: list[str]) -> list[str]:
     """Every cause that applies, in this order: data source, settings, system; else unexplained."""
     summary = run.summary or {}
     causes = []
-    if _data_kind(summary.get("data")) != _data_kind(entry.get("data")) or summary.get("real_data") != entry.get(
-            "real_data"):
+    if not references.same_data(summary, entry):
         causes.append(f"different data source: this run used {summary.get('data')!r}, "
                       f"the reference {entry.get('data')!r}")
     mine, theirs = flatten(run.settings.get("settings") or {}), flatten(entry.get("settings") or {})
@@ -235,11 +234,6 @@ def likely_causes(run: Run, entry: dict, system: list[str]) -> list[str]:
     if system:
         causes.append(f"a different system: {'; '.join(system)}")
     return causes or [f"unexplained: look at {run.path / 'rank_0.log'}"]
-
-
-def _data_kind(text) -> str:
-    """A data source without its folders: the same files in another folder are the same data."""
-    return PATH.sub("<folder>", str(text))
 
 
 def system_differences(run: Run, entry: dict) -> list[str]:

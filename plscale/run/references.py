@@ -3,9 +3,16 @@
     {"lab": "zero", "note": "...", "cpu": {"zero2": ENTRY}}        ("gpu": only where measured)
     ENTRY = {variant, command, data_dir, measured, wall_s, system, world_size, backend, settings,
              data, real_data, passed, final_loss, figures: [{name, value, unit, tolerance, hardware}]}
+    "other_data": {"cpu": {"zero2": [ENTRY, ...]}}   the same variant measured on other data
 
 An entry holds for its variant at its rank count only: a run on another number of ranks has no
-reference (per-rank figures change with it; that is a setting, not a fault).
+reference (per-rank figures change with it; that is a setting, not a fault). And for its data:
+a run on other text trains other losses, and another tokenizer makes another vocabulary, so
+other memory. "cpu" holds the entry the decks and READMEs quote (the real dataset); the same
+variant measured on another source (the built-in offline text a fresh machine falls back to)
+is kept under "other_data", and a run is judged against the entry of its own data source when
+there is one (`same_data`: the data line without its folders, and whether it is the real
+dataset).
 
 A figure is within its reference when |value - reference| <= max(relative x |reference|,
 absolute). Tolerances (written into each figure, so a file can be edited by hand):
@@ -49,6 +56,19 @@ TOLERANCE_RULE = (f"within when |value - reference| <= max(relative x |reference
                   f"{NOISE:g}); absolute {NOISE:g} where the prediction is 0 and the value is float rounding; "
                   f"an entry holds at its own rank count only")
 SYSTEM_KEYS = ("host", "cpu_cores", "gpu", "gpu_memory_gib", "torch", "deepspeed")
+PATH = re.compile(r"[~/][^\s;,)]*")
+OTHER_DATA = "other_data"
+
+
+def data_kind(text) -> str:
+    """A data source without its folders: the same files in another folder are the same data."""
+    return PATH.sub("<folder>", str(text))
+
+
+def same_data(summary: dict, entry: dict) -> bool:
+    """Did a run (its summary) read the data a reference entry was measured on?"""
+    return data_kind(summary.get("data")) == data_kind(entry.get("data")) and \
+        summary.get("real_data") == entry.get("real_data")
 
 
 def depends_on_hardware(figure: dict) -> bool:
@@ -130,13 +150,23 @@ def section_of(system: dict) -> str:
 
 
 def write(lab_folder: Path, lab_id: str, entry: dict, note: str) -> Path:
-    """Add (or replace) one variant's entry in the lab's reference.json; the rest is kept."""
+    """Add (or replace) one variant's entry in the lab's reference.json; the rest is kept. An entry
+    on the data of the variant's entry in "cpu"/"gpu" (or the first) takes its place there, and
+    `note` becomes the file's; one on other data replaces the entry of its own data under
+    "other_data", or joins them."""
     path = Path(lab_folder) / REFERENCE_FILE
     data = load(lab_folder) or {}
-    data.update({"lab": lab_id, "note": note, "tolerance_rule": TOLERANCE_RULE})
-    section = section_of(entry["system"])
-    data.setdefault(section, {})[entry["variant"]] = entry
-    data = {k: data[k] for k in ("lab", "note", "tolerance_rule", "cpu", "gpu") if k in data}
+    data.update({"lab": lab_id, "tolerance_rule": TOLERANCE_RULE})
+    section, variant = section_of(entry["system"]), entry["variant"]
+    primary = data.setdefault(section, {})
+    if variant not in primary or same_data(entry, primary[variant]):
+        primary[variant] = entry
+        data["note"] = note     # the note speaks of the main entries' runs
+    else:
+        data.setdefault("note", note)
+        others = data.setdefault(OTHER_DATA, {}).setdefault(section, {}).setdefault(variant, [])
+        others[:] = [e for e in others if not same_data(entry, e)] + [entry]
+    data = {k: data[k] for k in ("lab", "note", "tolerance_rule", "cpu", "gpu", OTHER_DATA) if k in data}
     write_json(path, data)
     return path
 
@@ -147,20 +177,27 @@ def load(lab_folder: Path) -> dict | None:
     return read_json_object(path, fix) if path.is_file() else None
 
 
-def entry_for(reference: dict | None, variant: str, system: dict,
-              world_size: int | None = None) -> tuple[dict | None, str]:
+def entry_for(reference: dict | None, variant: str, system: dict, world_size: int | None = None,
+              summary: dict | None = None) -> tuple[dict | None, str]:
     """The entry a run is judged against, and a note: the run's own section (cpu/gpu) when
     measured, else the other one (a GPU run against the CPU reference, saying so); only an
-    entry at the run's rank count (world_size None: unknown, any)."""
+    entry at the run's rank count (world_size None: unknown, any); of the run's own data (its
+    summary's) where one was measured on it, else the main one, saying so."""
     if not reference:
         return None, "no reference.json for this lab"
     wanted = section_of(system)
     found = [(section, entry) for section in (wanted, "cpu" if wanted == "gpu" else "gpu")
-             if (entry := (reference.get(section) or {}).get(variant))]
-    for section, entry in found:
-        if world_size is None or entry.get("world_size") in (None, world_size):
-            note = "" if section == wanted else f"no {wanted.upper()} reference: compared with the {section.upper()} one"
-            return entry, note
+             for entry in [(reference.get(section) or {}).get(variant),
+                           *((reference.get(OTHER_DATA) or {}).get(section) or {}).get(variant, [])] if entry]
+    sized = [(s, e) for s, e in found if world_size is None or e.get("world_size") in (None, world_size)]
+    if sized:
+        mine = [(s, e) for s, e in sized if summary is None or same_data(summary, e)]
+        section, entry = (mine or sized)[0]
+        notes = [] if section == wanted else [f"no {wanted.upper()} reference: compared with the {section.upper()} one"]
+        if not mine:
+            notes.append(f"no reference measured on this run's data ({summary.get('data')}): compared with the one "
+                         f"measured on {entry.get('data')}")
+        return entry, "; ".join(notes)
     if found:
         sizes = " and ".join(str(n) for n in sorted({e.get("world_size") for _, e in found}))
         return None, (f"no reference at {world_size} ranks (reference.json has {variant} at {sizes} ranks; "

@@ -8,6 +8,7 @@ Tokenizer: GPT-2's from the hub when reachable, else a byte-level BPE trained he
 training text (plscale.rank.data.bpe, cached).
 """
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,8 +20,9 @@ from plscale.errors import UserError
 from plscale.rank.data.bpe import gpt2_or_local
 from plscale.rank.data.sources import first_available
 
-FALLBACK = ("OFFLINE FALLBACK: Python's bundled reference text (pydoc_data.topics), not WikiText-2 "
-            "(set --data-dir to WikiText-2 files for the real thing)")
+FALLBACK = (f"OFFLINE FALLBACK: Python {sys.version_info.major}.{sys.version_info.minor}'s bundled reference text "
+            f"(pydoc_data.topics, which each Python version rewrites), not WikiText-2 "
+            f"(set --data-dir to WikiText-2 files for the real thing)")
 
 
 @dataclass
