@@ -82,29 +82,27 @@ def optimizer_seconds(seconds: float) -> float:
     return _timed(opt.step, seconds) / OPTIMIZER_PARAMS
 
 
-def collective_seconds(op: str, nbytes: int, calls: int) -> float:
-    """Seconds a collective of nbytes over every rank (the all-reduce's buffer; the reduce-scatter's
-    input and the all-gather's output, as lists of per-rank pieces as ZeRO passes them): the mean of
-    `calls`, the same count on every rank (a collective each rank timed by its own clock would pair
-    one rank's call with another's)."""
-    world = dist.get_world_size()
-    x = torch.ones(nbytes // 4)
-    pieces = list(x.chunk(world))
-
-    def call():
-        if op == "all_reduce":
-            dist.all_reduce(x)
-        elif op == "reduce_scatter":
-            dist.reduce_scatter(pieces[0].clone(), pieces)
-        else:
-            dist.all_gather(pieces, pieces[0].clone())
-
-    call()
+def _in_step(fn, calls: int) -> float:
+    """Seconds a call of a communication fn: the mean of `calls` after a warm-up and a barrier, the
+    same count on every rank (one rank's clock over its own calls would pair them with another's)."""
+    fn()
     dist.barrier()
     start = time.perf_counter()
     for _ in range(calls):
-        call()
+        fn()
     return (time.perf_counter() - start) / calls
+
+
+def collective_seconds(op: str, nbytes: int, calls: int) -> float:
+    """Seconds a collective of nbytes over every rank: the all-reduce's buffer; the reduce-scatter's
+    input and the all-gather's output, as lists of per-rank pieces as ZeRO passes them."""
+    x = torch.ones(nbytes // 4)
+    pieces = list(x.chunk(dist.get_world_size()))
+    mine = pieces[0].clone()
+    call = {"all_reduce": lambda: dist.all_reduce(x),
+            "reduce_scatter": lambda: dist.reduce_scatter(mine, pieces),
+            "all_gather": lambda: dist.all_gather(pieces, mine)}[op]
+    return _in_step(call, calls)
 
 
 def hop_seconds(nbytes: int, calls: int) -> float:
@@ -117,12 +115,7 @@ def hop_seconds(nbytes: int, calls: int) -> float:
         for request in (dist.isend(out, (rank + 1) % world), dist.irecv(into, (rank - 1) % world)):
             request.wait()
 
-    hop()
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        hop()
-    return (time.perf_counter() - start) / calls
+    return _in_step(hop, calls)
 
 
 def measure(rank: int, world: int, port: int, out: str, config: dict, micro_batch: int, seq: int,
