@@ -5,8 +5,8 @@ wikitext-2-v1/ or wikitext-2-raw-v1/, first match wins:
     wiki.train.raw     wiki.valid.raw     wiki.test.raw        (wikitext-2-raw-v1)
     wiki.train.tokens  wiki.valid.tokens  wiki.test.tokens     (wikitext-2-v1, tokenized)
     train.txt          valid.txt          test.txt             (pytorch/examples' copy)
-Training needs a train and a validation split. With only valid and test (the copy under
-../shared/data), valid trains and test validates, and the loader says so.
+Training needs a train and a validation split. With only valid and test (a copy without the
+train split, as the project's test data has), valid trains and test validates, and the loader says so.
 """
 
 from dataclasses import dataclass
