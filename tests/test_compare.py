@@ -279,8 +279,8 @@ def test_a_run_is_judged_against_the_entry_of_its_own_data(tmp_path):
             "real_data": True, "figures": [{"name": "final loss", "value": 6.1}]}
     offline = {**real, "data": "OFFLINE FALLBACK: Python 3.11's bundled reference text", "real_data": False,
                "figures": [{"name": "final loss", "value": 7.3}]}
-    references.write(tmp_path, "zero", real, "the WikiText-2 runs")
     references.write(tmp_path, "zero", offline, "the offline runs")
+    references.write(tmp_path, "zero", real, "the WikiText-2 runs")            # the real data takes the main place
     references.write(tmp_path, "zero", {**offline, "wall_s": 9}, "again")     # the same data: replaced, not added
     saved = references.load(tmp_path)
     assert saved["cpu"]["zero2"] == real and saved["note"] == "the WikiText-2 runs"    # the decks' entry and note stay
@@ -297,6 +297,10 @@ def test_the_default_command_offline_matches_the_committed_reference(cli):
     # what a fresh machine without data runs (the README's first command's offline path), judged
     # against the entry measured on the same built-in text: every figure the maths and the data
     # fix (losses, gaps, memory, bytes) within its tolerance; times and rates are the machine's
+    offline = reference("4d")[references.OTHER_DATA]["cpu"]["dp2-tp2-pp2"][0]
+    mine = f"Python {sys.version_info.major}.{sys.version_info.minor}'s"
+    if mine not in offline["data"]:   # the stand-in text is Python's own, rewritten by each version
+        pytest.skip(f"the offline reference was measured on another Python ({offline['data'][:40]}...), not {mine}")
     out = cli("lab", "run", "4d", "--gpus", "8", "--cpu", env={"PLSCALE_DATA_DIR": ""})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run_dir = next(cli.runs.iterdir())

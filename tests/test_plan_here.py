@@ -61,9 +61,10 @@ def test_what_gloo_and_dispatch_cost_on_cpu_ranks_moves_the_plan_as_measured():
         return step_terms(job, replace(gpu, layer_overhead_us=overhead), c, memory_setup(job, c, 2), 2)
 
     assert terms(8, 1, 1)["dp"] > terms(8, 1, 0)["dp"] > 0
-    assert terms(8, 1, 1)["optimizer"] == pytest.approx(terms(8, 1, 0)["optimizer"] / 8)   # ZeRO-1: 1/8 of the states
-    assert terms(4, 2, 0, overhead=0)["compute"] == pytest.approx(terms(8, 1, 0, overhead=0)["compute"])
-    assert terms(4, 2, 0)["compute"] > terms(8, 1, 0)["compute"]     # 2 micro-batches a rank, each its whole dispatch
+    assert terms(8, 1, 1)["optimizer"] < terms(8, 1, 0)["optimizer"]     # ZeRO-1 steps a share of the states
+    # without the fixed cost tp 2 would be as fast as dp 8; with it, slower (lab 11's sweep: 0.273 s against 0.098)
+    assert terms(4, 2, 0, overhead=0)["compute"] < 1.01 * terms(8, 1, 0, overhead=0)["compute"]
+    assert terms(4, 2, 0)["compute"] > 1.2 * terms(8, 1, 0)["compute"]
 
 
 def test_the_plan_keeps_the_fixed_micro_batch_and_plain_1f1b():

@@ -30,6 +30,8 @@ ASSUMPTIONS = [
     "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
     ("cp: ring attention's k, v hops of the rank's kv heads (context_parallel.ring_bytes) hidden behind its "
      "causal zig-zag attention core"),
+    ("optimizer: AdamW's step over the states a rank keeps (/ dp x cp under ZeRO), 28 bytes a parameter at the "
+     "GPU's memory bandwidth; on CPU ranks (--here) measured, with gloo's collectives, a p2p hop and a layer's fixed cost"),
     ("links: Megatron's rank order (tp, cp, dp, pp); a group spanning nodes with k members a node runs at "
      "min(NVLink, k x network); latency a step 1 us NVLink, 5 us network, min(ring, tree) steps"),
     ("ranking: by step time; candidates within 1% of their group's fastest are a tie, ranked by fewer "

@@ -44,12 +44,13 @@ without a GPU, are N "GPUs" of one node whose figures are measured, not looked u
 (plscale.run.machine): the FLOP/s a rank reaches on the model's own forward and backward while
 all N run at once, and the fixed cost of a layer at no FLOPs (the dispatch of its operators,
 which a tp or cp rank pays whole on its smaller matrices: on 8 ranks of 2 cores, at the tiny
-preset, more of a layer's time than its FLOPs), gloo's all-reduce bus bandwidth and its latency a ring step, and the memory
-available over N; gloo's reduce-scatter and all-gather at their own bus bandwidth (gloo does
-not run them at the all-reduce's rate: on 8 ranks of 2 cores its reduce-scatter was 6x slower),
-a point-to-point hop's latency (isend/irecv, as ring attention and the pipeline send), and
-AdamW's step a parameter. When the ranks outnumber the cores (`cores`), they take turns on them:
-a rank that waits hands its core to one that works (step_time: the pipeline bubble).
+preset, more of a layer's time than its FLOPs), gloo's all-reduce bus bandwidth and its latency
+a ring step, and the memory available over N; gloo's reduce-scatter and all-gather at their own
+bus bandwidth (gloo does not run them at the all-reduce's rate: on 8 ranks of 2 cores its
+reduce-scatter was 6x slower), a point-to-point hop's latency (isend/irecv, as ring attention
+and the pipeline send), and AdamW's step a parameter. When the ranks outnumber the cores
+(`cores`), they take turns on them: a rank that waits hands its core to one that works
+(step_time: the pipeline bubble).
 """
 
 from dataclasses import asdict, dataclass, field, replace

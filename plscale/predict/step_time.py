@@ -48,11 +48,12 @@ the one with the most compute + tp + cp sets every term.
             elementwise AdamW's ADAM_BYTES a parameter read and written at the HBM bandwidth
             (0 when the GPU's is unknown)
 
-Collectives (`collective_seconds`): bytes x busbw.bus_factor(op, n) / bandwidth + latency steps x
-a step's latency. The bandwidth is the link's (below), or inside a node an op's own where it was
-measured (`GPU.collective_gbs`: gloo's reduce-scatter and all-gather on CPU ranks). Latency steps: the fewer of a ring's (n - 1 a phase) and a tree's (log2 n a
-phase; an all-reduce has two phases): NCCL picks tree, NVLS or PAT algorithms at scale, whose
-latency grows as log n (an assumption; its tuner's real choice depends on size and topology).
+Collectives (`collective_seconds`): bytes x busbw.bus_factor(op, n) / bandwidth + latency steps
+x a step's latency. The bandwidth is the link's (below), or inside a node an op's own where it
+was measured (`GPU.collective_gbs`: gloo's reduce-scatter and all-gather on CPU ranks). Latency
+steps: the fewer of a ring's (n - 1 a phase) and a tree's (log2 n a phase; an all-reduce has
+two phases): NCCL picks tree, NVLS or PAT algorithms at scale, whose latency grows as log n (an
+assumption; its tuner's real choice depends on size and topology).
 
 Links (`link`): ranks are laid out as Megatron orders them, tp fastest, then cp, dp, pp. A group
 of n ranks `stride` apart stays on NVLink when every such group lies inside one node (span n x

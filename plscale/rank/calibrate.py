@@ -96,8 +96,9 @@ def _in_step(fn, calls: int) -> float:
 def collective_seconds(op: str, nbytes: int, calls: int) -> float:
     """Seconds a collective of nbytes over every rank: the all-reduce's buffer; the reduce-scatter's
     input and the all-gather's output, as lists of per-rank pieces as ZeRO passes them."""
-    x = torch.ones(nbytes // 4)
-    pieces = list(x.chunk(dist.get_world_size()))
+    world = dist.get_world_size()
+    x = torch.ones(nbytes // 4 // world * world)   # equal pieces on any number of ranks
+    pieces = list(x.chunk(world))
     mine = pieces[0].clone()
     call = {"all_reduce": lambda: dist.all_reduce(x),
             "reduce_scatter": lambda: dist.reduce_scatter(mine, pieces),

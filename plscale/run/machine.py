@@ -47,7 +47,8 @@ class Machine:
     def describe(self) -> str:
         others = "".join(f", {op.replace('_', '-')} {gbs:.2f}" for op, gbs in self.collective_gbs.items())
         return (f"{self.ranks} CPU ranks on {self.cores} cores: {self.flops / 1e9:.2f} GFLOP/s a rank and "
-                f"{self.layer_overhead_us / 1e3:.2f} ms a layer at no FLOPs ({self.measured_on}, all ranks at once), gloo bus bandwidth all-reduce {self.busbw_gbs:.2f}"
+                f"{self.layer_overhead_us / 1e3:.2f} ms a layer at no FLOPs ({self.measured_on}, all ranks at once), "
+                f"gloo bus bandwidth all-reduce {self.busbw_gbs:.2f}"
                 f"{others} GB/s, {self.latency_us:.0f} us a ring step, {self.p2p_latency_us:.0f} us a point-to-point "
                 f"hop, AdamW {self.optimizer_ns:.1f} ns a parameter, {self.memory / 2**30:.1f} GiB a rank")
 
@@ -56,14 +57,21 @@ class Machine:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "Machine":
-        """Saved figures (a plan's "machine"); ValueError when one is missing or not a positive number."""
+        """Saved figures (a plan's "machine"); ValueError when one is missing or not a number it can be."""
+        missing = [k for k in cls.__dataclass_fields__ if k not in raw]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} missing, as in the figures of an older plscale: measure again")
         found = cls(**{k: raw[k] for k in cls.__dataclass_fields__})
-        numbers = ("ranks", "cores", "flops", "busbw_gbs", "latency_us", "memory", "p2p_latency_us", "optimizer_ns")
-        if not isinstance(found.layer_overhead_us, (int, float)) or found.layer_overhead_us < 0:
-            raise ValueError(f"layer_overhead_us {found.layer_overhead_us!r} is not a number of 0 or more")
-        for name, value in [*((n, getattr(found, n)) for n in numbers), *found.collective_gbs.items()]:
+        if not isinstance(found.collective_gbs, dict):
+            raise ValueError(f"collective_gbs {found.collective_gbs!r} is not a table of collectives")
+        positive = {n: getattr(found, n) for n in ("ranks", "cores", "flops", "busbw_gbs", "latency_us", "memory")}
+        for name, value in {**positive, **found.collective_gbs}.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} {value!r} is not a positive number")
+        for name in ("p2p_latency_us", "optimizer_ns", "layer_overhead_us"):   # 0: not measured
+            value = getattr(found, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name} {value!r} is not a number of 0 or more")
         return found
 
 

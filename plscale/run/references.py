@@ -153,17 +153,20 @@ def write(lab_folder: Path, lab_id: str, entry: dict, note: str) -> Path:
     """Add (or replace) one variant's entry in the lab's reference.json; the rest is kept. An entry
     on the data of the variant's entry in "cpu"/"gpu" (or the first) takes its place there, and
     `note` becomes the file's; one on other data replaces the entry of its own data under
-    "other_data", or joins them."""
+    "other_data", or joins them, except that an entry on the real dataset takes the main place
+    from one on a stand-in, which moves beside it."""
     path = Path(lab_folder) / REFERENCE_FILE
     data = load(lab_folder) or {}
     data.update({"lab": lab_id, "tolerance_rule": TOLERANCE_RULE})
     section, variant = section_of(entry["system"]), entry["variant"]
     primary = data.setdefault(section, {})
-    if variant not in primary or same_data(entry, primary[variant]):
-        primary[variant] = entry
-        data["note"] = note     # the note speaks of the main entries' runs
+    main = primary.get(variant)
+    if main is None or same_data(entry, main):
+        primary[variant], data["note"] = entry, note   # the note speaks of the main entries' runs
     else:
         data.setdefault("note", note)
+        if entry.get("real_data") and not main.get("real_data"):   # the real dataset's entry is the main one
+            primary[variant], data["note"], entry = entry, note, main
         others = data.setdefault(OTHER_DATA, {}).setdefault(section, {}).setdefault(variant, [])
         others[:] = [e for e in others if not same_data(entry, e)] + [entry]
     data = {k: data[k] for k in ("lab", "note", "tolerance_rule", "cpu", "gpu", OTHER_DATA) if k in data}

@@ -43,7 +43,7 @@ def _bytes(x: torch.Tensor) -> int:
 
 
 def all_reduce(x: torch.Tensor, group, phase: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """A summed (or max) copy of x over the group."""
+    """x summed (or its max) over the group: a new tensor; x itself on a group of one rank."""
     if dist.get_world_size(group) == 1:
         return x
     TALLY.add("all_reduce", phase, _bytes(x))
