@@ -112,6 +112,15 @@ def test_plan_here_bad_input_is_one_line(quick_cli, tmp_path, args, says):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_figures_saved_by_an_older_plscale_ask_to_measure_again(quick_cli, tmp_path):
+    old = {k: v for k, v in MEASURED.to_dict().items() if k not in ("collective_gbs", "p2p_latency_us")}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"machine": old}))
+    out = quick_cli("plan", "--model", "tiny", "--seq", "64", "--here", "--gpus", "8", "--machine", str(path))
+    assert out.returncode == 2 and "collective_gbs, p2p_latency_us missing" in out.stderr and "measure again" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def planned_json(quick_cli, tmp_path, *extra) -> str:
     out = quick_cli("plan", "--here", "--machine", saved_machine(tmp_path), "--gpus", "8", "--model", "tiny", "--seq",
                     "64", "--global-batch", "16", "--micro-batch", "2", "--all", "--top", "100", "--json", *extra)
