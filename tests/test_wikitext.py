@@ -56,6 +56,25 @@ def test_local_folder_wins_and_is_tokenized(tmp_path, monkeypatch):
     assert torch.equal(blocks[0, 16], blocks[1, 0])  # block i's last target is block i+1's first input
 
 
+def test_encoded_ids_are_cached_by_tokenizer_and_text(tmp_path, monkeypatch):
+    # the cache holds what the tokenizer itself encodes (tokenizers' own encode, line by line), and a
+    # changed text is encoded anew rather than read from another text's cache
+    write_splits(tmp_path, "wiki.{}.raw")
+    monkeypatch.setenv("PLSCALE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("PLSCALE_CACHE", str(tmp_path / "cache"))
+    corpus = wikitext.load_text()
+    first = wikitext.tokenize(corpus, vocab=300)
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("ids-*.npy"))) == 1   # train and valid: one text here
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(next((tmp_path / "cache" / "tokenizers").glob("*-bpe300-*.json"))))
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    by_hand = [i for line in corpus.valid if line.strip() for i in tokenizer.encode(line.strip()).ids + [eos]]
+    again = wikitext.tokenize(corpus, vocab=300)
+    assert again.valid.tolist() == first.valid.tolist() == by_hand
+    changed = wikitext.Corpus(corpus.train, corpus.valid[:-3] + [" Valkyria Chronicles ends here . "], "x", True)
+    assert wikitext.tokenize(changed, vocab=300).valid.tolist() != first.valid.tolist()
+
+
 def test_offline_fallback_is_labelled(monkeypatch):
     monkeypatch.delenv("PLSCALE_DATA_DIR", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -19,7 +19,9 @@ turns them into a cluster (plscale.predict.cluster.cpu_ranks).
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -146,6 +148,7 @@ def measure(rank: int, world: int, port: int, out: str, config: dict, micro_batc
             "p2p_latency_us": slowest["hop"] * 1e6,
             "optimizer_ns": statistics.median(a for _, a, *_ in everyone) * 1e9,
             "flops_per_rank": [f for f, *_ in everyone]}))
+    dist.barrier()   # no rank tears its connections down while a peer still uses them
     dist.destroy_process_group()
 
 
@@ -157,6 +160,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0, help="timing of the model's step, per rank")
     a = ap.parse_args()
     measure(a.rank, a.world, a.port, a.out, json.loads(a.config), a.micro_batch, a.seq, a.seconds)
+    sys.stdout.flush()
+    os._exit(0)   # skip interpreter teardown, where gloo's threads have aborted a rank that had finished
 
 
 if __name__ == "__main__":
