@@ -214,8 +214,11 @@ def test_rank_correlation_matches_scipy():
 
 @pytest.mark.e2e
 def test_the_sweep_runs_planned_layouts_and_reports_predicted_against_measured(tmp_path, monkeypatch):
-    # the whole sweep is 15 layouts (about 20 minutes on 2 cores with --steps 6): the test keeps the first and last
+    # the whole sweep is 15 layouts (about 8 minutes on 2 cores with --steps 6): the test keeps the first and last,
+    # planned on the figures this machine measured (MEASURED: measuring 8 ranks is the test above's, at 2)
     planned = layouts.planned
+    from plscale.run import machine
+    monkeypatch.setattr(machine, "measure_showing", lambda console, ranks, *_: MEASURED)
 
     def two(*args):
         found = planned(*args)
