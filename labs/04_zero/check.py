@@ -19,3 +19,25 @@ def check(settings: dict, topology) -> None:
             raise UserError(f"memory.{key} {settings['memory'][key]}: use a fraction such as {example}.")
     if settings["data"]["val_blocks"] < 1:
         raise UserError(f"data.val_blocks {settings['data']['val_blocks']}: use 1 or more.")
+    fsdp, ds = settings["fsdp"], settings["ds"]
+    if settings["engine"] not in ("deepspeed", "fsdp2"):
+        raise UserError(f"engine {settings['engine']!r}: use deepspeed (zero0 .. zero3) or fsdp2 (the fsdp2 variants).")
+    if settings["engine"] == "fsdp2":
+        if ds.get("offload_optimizer") or ds.get("offload_param"):
+            raise UserError("ds.offload_optimizer / ds.offload_param: the FSDP2 variants do not offload here; "
+                            "run zero2-offload or zero3-offload for ZeRO-Offload.")
+        if ds.get("precision", "fp32") not in ("fp32", "bf16"):
+            raise UserError(f"ds.precision {ds['precision']}: FSDP2's variants run fp32 or bf16 (MixedPrecisionPolicy: "
+                            f"bf16 compute, fp32 shards and reduction); fp16 needs a loss scaler FSDP2 does not bring.")
+    if not isinstance(fsdp["reshard"], bool):
+        raise UserError(f"fsdp.reshard {fsdp['reshard']}: use true (free after forward, ZeRO-3's schedule) or "
+                        f"false (keep until the backward).")
+    if fsdp["parity_steps"] < 1:
+        raise UserError(f"fsdp.parity_steps {fsdp['parity_steps']}: use 1 or more.")
+    replicate, world = fsdp["replicate"], topology.world_size
+    if settings["engine"] != "fsdp2" and (replicate != 1 or fsdp["reshard"] is not True):
+        raise UserError("fsdp.replicate and fsdp.reshard set the FSDP2 variants (fsdp2, fsdp2-no-reshard, hsdp, "
+                        "fsdp2-bf16); the ZeRO variants' sharding is ds.stage.")
+    if not isinstance(replicate, int) or replicate < 1 or world % replicate or (replicate > 1 and world == replicate):
+        raise UserError(f"fsdp.replicate {replicate}: HSDP's mesh is replicate x shard over {world} ranks, so use "
+                        f"a divisor of {world} below it (or 1: shard over all), or run more ranks (--gpus).")

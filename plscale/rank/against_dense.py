@@ -15,6 +15,8 @@ with the same optimizer; the losses must agree step by step.
 """
 
 import math
+
+import torch
 from typing import NamedTuple
 
 from plscale.rank.optim import optimizer
@@ -29,15 +31,18 @@ class Check(NamedTuple):
     detail: str
 
 
-def reference_losses(model, ds_config: dict, batches_of_step, steps: int) -> list[float]:
+def reference_losses(model, ds_config: dict, batches_of_step, steps: int, clip: bool = False) -> list[float]:
     """Train `model` (at the run's initial weights) for `steps` optimizer steps with the run's
     optimizer, each on every micro-batch `batches_of_step(step)` gives: the mean loss of each
-    step, which is what data parallelism averages too."""
+    step, which is what data parallelism averages too. `clip`: the global gradient norm clipped
+    at the config's gradient_clipping first, as DeepSpeed's engine does (max / (norm + 1e-6))."""
     opt, out = optimizer(model.parameters(), ds_config), []
     for step in range(steps):
         batches = batches_of_step(step)
         loss = sum(model(x, y) for x, y in batches) / len(batches)
         loss.backward()
+        if clip and ds_config.get("gradient_clipping"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), ds_config["gradient_clipping"])
         opt.step()
         opt.zero_grad()
         out.append(loss.item())
