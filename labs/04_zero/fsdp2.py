@@ -64,7 +64,7 @@ fully_shard.load_full(model, eager.state_dict())
 same = all(torch.equal(p.full_tensor().cpu(), eager.state_dict()[name]) for name, p in model.state_dict().items())
 ctx.check("the model built on meta and filled from rank 0 equals the eager model", all(gathered(same)),
           "every parameter, gathered whole, bit for bit on every rank")
-psi, held = param_count(config), census.states(model, torch.optim.SGD([torch.zeros(1)]))["parameters"]
+psi, held = param_count(config), census.states(model)["parameters"]
 ctx.log(f"model: Llama-shaped {S['model']['preset']!r}, Ψ = {psi:,} parameters ({4 * psi / MiB:.2f} MiB fp32); "
         f"mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, {config.layers + 1} FSDP2 groups, reshard after forward "
         f"{reshard}, {'bf16 compute, fp32 reduction' if precision == 'bf16' else 'fp32'}\n"

@@ -34,13 +34,13 @@ def fsdp_params(model: torch.nn.Module) -> list:
     return found
 
 
-def states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """{term: bytes} on this rank now."""
+def states(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """{term: bytes} on this rank now (moments 0 without an optimizer)."""
     seen, held = set(), {"parameters": 0, "gradients": 0, "master": 0, "moments": 0}
     for p in fsdp_params(model):
         held["parameters"] += _bytes(p._sharded_param_data, seen)
         held["parameters"] += _bytes(getattr(p, "_unsharded_param", None), seen)   # freed storage: 0
         held["gradients"] += _bytes(p.sharded_param.grad, seen)
-    for state in optimizer.state.values():
+    for state in (optimizer.state.values() if optimizer else ()):
         held["moments"] += sum(_bytes(state.get(k), seen) for k in ("exp_avg", "exp_avg_sq"))
     return held
