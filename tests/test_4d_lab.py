@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import load_summary
+from conftest import load_summary, run_cli
 from plscale.lab import labs
 from plscale.run import compare, references
 
@@ -34,10 +34,20 @@ def assert_follows_dense(s: dict, steps: int = 2) -> None:
     assert len(s["param_gaps"]) == 8 and max(s["param_gaps"]) < 0.05   # in learning rates; measured <= 1.6e-2
 
 
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The README's command on a fresh machine without data: dp2-tp2-pp2, its default 4 steps, the stand-in
+    text. (summary, stdout, run directory); the torchtitan composition is compared with it too."""
+    runs = tmp_path_factory.mktemp("4d") / "runs"
+    out = run_cli("lab", "run", "4d", "--gpus", "8", "--cpu", env={"PLSCALE_RUNS_DIR": str(runs), "PLSCALE_DATA_DIR": ""})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run_dir = next(runs.iterdir())
+    return load_summary(run_dir), out, run_dir
+
+
 @pytest.mark.e2e
-def test_the_default_command_offline_follows_the_dense_model_and_its_reference(cli):
-    # the README's command on a fresh machine without data: dp2-tp2-pp2, its default 4 steps, the stand-in text
-    s, out = run_lab(cli, env={"PLSCALE_DATA_DIR": ""})
+def test_the_default_command_offline_follows_the_dense_model_and_its_reference(cli, default_run):
+    s, out, run_dir = default_run
     assert_follows_dense(s, steps=4)
     assert (s["dp"], s["tp"], s["pp"], s["cp"]) == (2, 2, 2, 1) and not s["real_data"]
     # Megatron's order, tp fastest then cp, dp, pp: tp neighbours, pp the farthest apart
@@ -48,7 +58,6 @@ def test_the_default_command_offline_follows_the_dense_model_and_its_reference(c
     first, last = s["params_per_rank"][0], s["params_per_rank"][4]
     assert last - first == 128   # the final norm's weights; the embedding and the head shard weigh the same
     # the last step's timeline and its bubble beside (p-1)/(m+p-1) = 1/5 (timings vary: only the prediction is fixed)
-    run_dir = next(cli.runs.iterdir())
     assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bubble = next(f for f in s["figures"] if f["name"] == "bubble at m=4")
     assert bubble["predicted"] == 20.0 and 0 <= bubble["value"] < 100
@@ -82,6 +91,26 @@ def test_tensor_pipeline_context_follows_the_dense_model_with_sp_and_under_deeps
     assert d["losses"] == pytest.approx(q["losses"], rel=1e-6)   # same batches, same weights, another schedule
 
 
+@pytest.mark.e2e
+def test_torchtitan_composition_follows_the_dense_model_and_the_hand_written_one(cli, default_run):
+    # FSDP2 x DTensor tp x torch.distributed.pipelining on train.py's batches and weights (the stand-in text)
+    offline = {"PLSCALE_DATA_DIR": ""}
+    for variant, ranks, shape in (("fsdp2-tp2", "4", (2, 2, 1)), ("fsdp2-tp2-pp2", "8", (2, 2, 2))):
+        out = cli("lab", "run", variant, "--gpus", ranks, "--cpu", "--steps", "2", env=offline)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        s = load_summary(sorted(p for p in cli.runs.iterdir() if p.is_dir())[-1])
+        assert s["passed"] and s["engine"] == "torch" and (s["dp"], s["tp"], s["pp"]) == shape, s["checks"]
+        names = {c["name"] for c in s["checks"]}
+        assert {"the DeviceMesh's groups are train.py's mesh's", "the composed model follows the dense model's loss",
+                "every rank's stage equals the dense model's after the first step",
+                "model states match the memory model, every term, every rank",
+                "FSDP2's, tp's and the tied collectives per step as predicted, every rank"} <= names, names
+        assert s["loss_gap"] < 1e-6 and max(s["param_gaps"]) < 0.05   # measured: 0 and 6e-8; 1.2e-2 lr
+    # the 3D one beside train.py's dp2-tp2-pp2: the same mesh (checked in the run), batches and weights, the same losses
+    hand, _, _ = default_run
+    assert s["losses"] == pytest.approx(hand["losses"][:2], rel=1e-6)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--set", "parallel.tp=4", "--set", "parallel.pp=4"], "world size 8 is not a multiple of tp 4 x pp 4 x cp 1"),
     (["--set", "parallel.tp=8", "--set", "parallel.pp=1"], "parallel.tp 8: heads 4 of preset 'tiny' is not divisible"),
@@ -92,7 +121,8 @@ def test_tensor_pipeline_context_follows_the_dense_model_with_sp_and_under_deeps
     (["--set", "ds.stage=2"], "ds.stage 2"),
     (["--variant", "tp2-pp2-cp2-sp", "--set", "parallel.tp=4", "--set", "parallel.cp=1", "--set", "model.seq=34"],
      "model.seq 34: each rank's 34 tokens (seq / cp) do not split over tp 4"),
-    (["--gpus", "4"], "runs with 8, 16 ranks, not 4"),
+    (["--gpus", "2"], "runs with 4, 8, 16 ranks, not 2"),
+    (["--variant", "fsdp2-tp2", "--gpus", "4", "--set", "parallel.cp=2"], "parallel.cp 2: the torchtitan variants"),
 ])
 def test_bad_input_is_refused_before_launch(quick_cli, args, message):
     cli = quick_cli

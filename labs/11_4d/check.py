@@ -27,8 +27,14 @@ def check(settings: dict, topology) -> None:
                         f"{' or '.join(str(d) for d in range(1, config.layers + 1) if config.layers % d == 0)}.")
     if not 8 <= model["seq"] <= config.max_seq:
         raise UserError(f"model.seq {model['seq']}: use 8 to {config.max_seq} for preset {model['preset']!r}.")
-    if settings["pipeline"]["engine"] not in ("plscale", "deepspeed"):
-        raise UserError(f"pipeline.engine {settings['pipeline']['engine']!r}: use plscale or deepspeed.")
+    engine = settings["pipeline"]["engine"]
+    if engine not in ("plscale", "deepspeed", "torch"):
+        raise UserError(f"pipeline.engine {engine!r}: use plscale or deepspeed (train.py), or run a torchtitan "
+                        f"variant (fsdp2-tp2, fsdp2-tp2-pp2) for torch.")
+    if engine == "torch" and (cp > 1 or settings["tp"]["sequence_parallel"]):
+        raise UserError(f"parallel.cp {cp}{' with tp.sequence_parallel' if settings['tp']['sequence_parallel'] else ''}: "
+                        f"the torchtitan variants compose FSDP2, tp and pp; use parallel.cp=1 and "
+                        f"tp.sequence_parallel=false, or train.py's variants for context parallelism.")
     if settings["cp"]["split"] not in ("zigzag", "plain"):
         raise UserError(f"cp.split {settings['cp']['split']!r}: use zigzag or plain.")
     try:

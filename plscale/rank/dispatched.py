@@ -19,10 +19,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from plscale.rank.tally import Tally
 
-c10d = torch.ops.c10d
-# operator -> (name, which argument holds the whole tensor)
+c10d, functional = torch.ops.c10d, torch.ops._c10d_functional
+# operator -> (name, which argument holds the whole tensor); DTensor's redistributions (tensor
+# parallelism) call the functional collectives, FSDP2 the in-place ones
 OPS = {c10d._allgather_base_: ("all_gather", 0), c10d._reduce_scatter_base_: ("reduce_scatter", 1),
-       c10d.allreduce_: ("all_reduce", 0)}
+       c10d.allreduce_: ("all_reduce", 0), functional.all_reduce: ("all_reduce", 0)}
 
 
 def _nbytes(arg) -> int:

@@ -3,6 +3,7 @@
     collectives/       the ring all-reduce and the naive one, over send/recv        lab 03
     data_parallel/     the sharded sampler and the de-duplicating evaluation gather  labs 01, 02
     fsdp/              PyTorch's FSDP2 per layer, HSDP, meta-device init, a census    lab 04
+                       FSDP2 x DTensor tp x torch's pipeline (torchtitan's order)     lab 11
     pipeline/          GPipe and 1F1B, the p2p links, three engines behind one face  lab 05
     tensor_parallel/   Megatron's f and g, parallel layers, the TP Llama, production  lab 07
     context_parallel/  ring attention (plain and zig-zag), Ulysses, the CP Llama      lab 08

@@ -6,6 +6,8 @@
                      filled from one full state dict
     census.py        what each rank holds: FSDP2's shards and gathered parameters, the sharded
                      gradients, Adam's moments
+    composed.py      FSDP2 x DTensor tensor parallel x torch.distributed.pipelining on one
+                     DeviceMesh pp x dp x tp, in torchtitan's order (lab 11's fsdp2 variants)
 
 The collectives are FSDP2's (torch.distributed.fsdp); plscale.rank.dispatched counts them as torch
 dispatches them. Predictions: plscale/predict/fsdp.py.
