@@ -36,7 +36,7 @@ def torchrun(ranks: int, *args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("checkpoints")
-    torchrun(2, out, 2, 0)
+    torchrun(2, out, 2, 0, "fsdp2")
     return out
 
 
@@ -119,7 +119,8 @@ def test_verify_catches_truncated_and_flipped_files(saved, tmp_path):
     assert run_cli("ckpt", "verify", root, "--tag", NEWEST).returncode == 0
 
 
-@pytest.mark.parametrize("stage, fmt", [(2, "pt"), (2, "safetensors"), (0, "pt"), (0, "safetensors")])
+@pytest.mark.parametrize("stage, fmt", [(2, "pt"), (2, "safetensors"), (0, "pt"), (0, "safetensors"),
+                                        ("fsdp2", "pt"), ("fsdp2", "safetensors")])
 def test_fp32_equals_the_models_parameters(saved, tmp_path, stage, fmt):
     if fmt == "safetensors" and importlib.util.find_spec("safetensors") is None:
         pytest.skip("safetensors is not installed")
@@ -138,10 +139,12 @@ def test_fp32_equals_the_models_parameters(saved, tmp_path, stage, fmt):
         got = torch.load(out)
     want = reference(saved, stage, OLDER)
     assert_same(got, want)
+    assert not torch.equal(got["embed_tokens.weight"], reference(saved, stage, NEWEST)["embed_tokens.weight"])
+    if stage == "fsdp2":   # DCP's shards, joined: the DTensors the live model had, gathered by torch
+        return
     # at ZeRO-2 on fp32 DeepSpeed's own model file holds the same weights, gathered
     module = torch.load(saved / f"stage{stage}" / OLDER / MODEL, weights_only=False)["module"]
     assert_same({k: v for k, v in module.items()}, want)
-    assert not torch.equal(got["embed_tokens.weight"], reference(saved, stage, NEWEST)["embed_tokens.weight"])
 
 
 def test_universal_verifies_and_loads_on_one_rank(saved):
@@ -168,6 +171,9 @@ def test_universal_verifies_and_loads_on_one_rank(saved):
 def test_universal_refuses_stage_0(saved, tmp_path):
     one_line_error(run_cli("ckpt", "convert", saved / "stage0", "--to", "universal", "--out", tmp_path / "u"),
                    "is a ZeRO stage-0 checkpoint")
+    assert not (tmp_path / "u").exists()
+    one_line_error(run_cli("ckpt", "convert", saved / "stagefsdp2", "--to", "universal", "--out", tmp_path / "u"),
+                   "is a torch.distributed.checkpoint (DCP) checkpoint: it loads at any world size as it is")
     assert not (tmp_path / "u").exists()
 
 

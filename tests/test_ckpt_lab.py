@@ -161,6 +161,38 @@ def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, saved_
         assert after[step] == pytest.approx(before[step], rel=1e-5)
 
 
+@pytest.mark.e2e
+def test_dcp_killed_and_restarted_run_equals_the_uninterrupted_one(lab):
+    # FSDP2 checkpointed by torch.distributed.checkpoint, dropout on: model, AdamW, WarmupLR and each rank's streams
+    golden, _ = lab("dcp")
+    run_dir, _ = lab("fault", "--set", "engine=fsdp2", "--set", "fault.step=5", "--set", "fault.rank=1")
+    before, attempts = losses_by_attempt(golden)[0], losses_by_attempt(run_dir)
+    assert sorted(attempts) == [0, 1] and attempts[0] == {s: before[s] for s in range(5)}
+    assert attempts[1] == {s: before[s] for s in attempts[1]} and min(attempts[1]) == 4   # resumed at step 4, bit for bit
+    s = load_summary(run_dir)
+    assert s["passed"] and s["resumed_from"] == "step000004"
+    assert (golden / "checkpoints" / "step000008" / ".metadata").is_file()
+    f = figures(load_summary(golden))["bytes per full checkpoint"]   # 12Ψ + the tied head again, + 0.6% of records
+    assert f["predicted"] <= f["value"] <= 1.05 * f["predicted"]
+    # a DeepSpeed run is told what the folder holds, before launch
+    refused = run_cli("lab", "run", "ckpt", *FAST, "--set", f"ckpt.resume={golden / 'checkpoints'}")
+    assert refused.returncode == 2 and "add --set engine=fsdp2" in refused.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("saved_by, resumed_by", [(2, 1), (1, 2)])
+def test_dcp_resumes_at_another_world_size_as_it_is(lab, saved_by, resumed_by):
+    same_batch = lambda ranks: ["--gpus", ranks, "--set", f"ds.grad_accum={2 // ranks}", "--set", "model.dropout=0",  # noqa: E731
+                                "--set", "ckpt.every=3"]
+    first, _ = lab("dcp", *same_batch(saved_by))
+    second, _ = lab("dcp", *same_batch(resumed_by), "--set", f"ckpt.resume={first / 'checkpoints'}")
+    s = load_summary(second)
+    assert s["passed"] and s["resumed_step"] == 6
+    before, after = losses_by_attempt(first)[0], losses_by_attempt(second)[0]
+    for step in (6, 7):  # the same global batch of 4 blocks on 1 or 2 ranks, each rank's rows read from the other's
+        assert after[step] == pytest.approx(before[step], rel=1e-5)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--set", "fault.step=8"], "fault.step 8 is beyond the run's 8 steps"),
     (["--set", "fault.step=3", "--set", "fault.rank=2"], "fault.rank 2: this run has ranks 0 to 1"),
@@ -172,6 +204,8 @@ def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, saved_
     (["--set", "ckpt.dir=/dev/null/checkpoints"], "Cannot write checkpoints to /dev/null/checkpoints"),
     (["--max-restarts", "1", "--launcher", "deepspeed"], "torchrun"),
     (["--set", "ds.load_universal=true"], "add --set ckpt.resume=FOLDER"),
+    (["--set", "engine=fsdp3"], "engine 'fsdp3': use deepspeed"),
+    (["--variant", "dcp", "--set", "ds.precision=bf16"], "engine fsdp2 runs fp32"),
     (["--set", "ds.load_universal=true", "--set", "ds.stage=0", "--set", "ckpt.resume=x"],
      "Universal checkpoints load at ZeRO stages 1-3"),
 ])

@@ -33,7 +33,13 @@ def check(settings: dict, topology) -> None:
                         f"pick a step inside the run, or -1 for no fault.")
     if F["step"] >= 0 and not 0 <= F["rank"] < topology.world_size:
         raise UserError(f"fault.rank {F['rank']}: this run has ranks 0 to {topology.world_size - 1}.")
+    if settings["engine"] not in ("deepspeed", "fsdp2"):
+        raise UserError(f"engine {settings['engine']!r}: use deepspeed (ZeRO, DeepSpeed's checkpoints) or fsdp2 "
+                        f"(FSDP2, torch.distributed.checkpoint).")
     universal = settings["ds"].get("load_universal", False)
+    if settings["engine"] == "fsdp2" and (universal or settings["ds"]["precision"] != "fp32"):
+        raise UserError("engine fsdp2 runs fp32 and loads its DCP checkpoints at any world size as they are: drop "
+                        "ds.load_universal and keep ds.precision=fp32.")
     if universal and not C["resume"]:
         raise UserError("ds.load_universal loads a universal checkpoint: add --set ckpt.resume=FOLDER, or drop it.")
     if universal and settings["ds"]["stage"] == 0:
@@ -56,11 +62,16 @@ def _check_resume(root: Path, config, settings: dict, world: int, key: str = "ck
     if not entries:
         raise UserError(f"{root} holds no checkpoint with a manifest: list it with `plscale ckpt ls {root}`.")
     m = entries[0].manifest
-    model = m.get("model", {})
+    model, engine = m.get("model", {}), m.get("engine", "deepspeed")
+    if engine != settings["engine"]:
+        raise UserError(f"{root} holds {'a DCP (FSDP2)' if engine == 'fsdp2' else 'a DeepSpeed'} checkpoint; this run's "
+                        f"engine is {settings['engine']}: add --set engine={engine}.")
     if (model.get("hidden"), model.get("layers")) != (config.hidden, config.layers):
         raise UserError(f"{root} holds a checkpoint of another model (hidden {model.get('hidden')}, "
                         f"{model.get('layers')} layers; this run: preset {settings['model']['preset']!r}, hidden "
                         f"{config.hidden}, {config.layers} layers): resume with the model it was saved from.")
+    if engine == "fsdp2":   # DCP: any world size, no stages
+        return
     universal = settings["ds"].get("load_universal", False)
     if key == "ckpt.dir" and (m.get("stage"), m.get("world_size")) != (settings["ds"]["stage"], world):
         raise UserError(f"ckpt.dir {root} already holds checkpoints of ZeRO-{m.get('stage')} on {m.get('world_size')} "

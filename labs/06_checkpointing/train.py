@@ -25,6 +25,7 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from plscale.ckpt import store
 from plscale.charts.plots import interval_chart
@@ -33,7 +34,7 @@ from plscale.predict.presets import preset
 from plscale.predict.units import MiB
 from plscale.rank import distributed, runtime
 from plscale.strategies.checkpoint import fault
-from plscale.strategies.checkpoint import sealed, strategies
+from plscale.strategies.checkpoint import dcp, sealed, strategies
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
@@ -55,14 +56,18 @@ config = replace(preset(S["model"]["preset"]).with_vocab(tokens.vocab), dropout=
 torch.manual_seed(S["seed"])
 model = Llama(config)
 psi = sum(p.numel() for p in model.parameters())
-engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+if S["engine"] == "fsdp2":   # PyTorch's way: FSDP2 shards the model, DCP checkpoints it (strategies/checkpoint/dcp.py)
+    engine = dcp.Engine(model, ds, init_device_mesh(ctx.device.type, (N,)))
+else:
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
 ctx.log(f"data: {corpus.source}; model: Llama-shaped '{S['model']['preset']}', Ψ = {psi:,}, dropout "
-        f"{config.dropout}; ZeRO-{stage} on {N} ranks")
+        f"{config.dropout}; {'FSDP2 and DCP' if S['engine'] == 'fsdp2' else f'ZeRO-{stage}'} on {N} ranks")
 
 # ---- Where checkpoints go, and what a checkpoint must match to be resumed here ------------
 root = Path(C["dir"] or ctx.run_dir / "checkpoints")
 fingerprint = {"preset": S["model"]["preset"], "params": psi, "hidden": config.hidden, "layers": config.layers}
-meta = {"lab": ctx.lab, "world_size": N, "stage": stage, "precision": S["ds"]["precision"], "model": fingerprint}
+meta = {"lab": ctx.lab, "engine": S["engine"], "world_size": N, "stage": stage, "precision": S["ds"]["precision"],
+        "model": fingerprint}
 local = node_scratch(ctx.run_dir)  # memory on this node, for this run only
 saver = strategies.make(engine, C, root, local, meta)
 ctx.log(f"checkpoints: {saver.name}, every {C['every']} steps, into {root}"
@@ -71,7 +76,7 @@ ctx.log(f"checkpoints: {saver.name}, every {C['every']} steps, into {root}"
 # ---- Resume: the newest checkpoint that every rank finds whole (this run's own, after a
 # restart, or ckpt.resume's) --------------------------------------------------------------
 roots = saver.roots + ([Path(C["resume"])] if C["resume"] else [])
-got = sealed.restore(engine, roots, local, expect={"model": fingerprint})
+got = sealed.restore(engine, roots, local, expect={"model": fingerprint, "engine": S["engine"]})
 for tag, problems in got.skipped:
     ctx.log(f"  skipped {tag}: {'; '.join(problems)}")
 crash = fault.last(ctx.run_dir) if attempt else None
@@ -121,7 +126,9 @@ if ctx.is_main and records:
     durable = sum(r.durable_s for r in records) / len(records)
     lag = math.ceil(max(0.0, durable - stall) / step_s)  # steps trained while a write is in flight
     wholes = [r.bytes for r in records if r.kind == "full"]
-    predicted_bytes = predict.checkpoint_bytes(psi, stage, N, S["ds"]["precision"], config).total
+    writer = "DCP" if S["engine"] == "fsdp2" else "DeepSpeed"
+    predicted_bytes = predict.dcp_bytes(config) if S["engine"] == "fsdp2" else \
+        predict.checkpoint_bytes(psi, stage, N, S["ds"]["precision"], config).total
     mtbf_s = C["mtbf_hours"] * 3600
     young = predict.young_interval(stall, mtbf_s)
     lost, worst = predict.expected_steps_lost(C["every"], lag), predict.worst_steps_lost(C["every"], lag)
@@ -141,7 +148,7 @@ if ctx.is_main and records:
     figures += [figure("stall per checkpoint", round(1e3 * stall, 1), "ms", None, "mean; training blocked"),
                 figure("time to durable", round(1e3 * durable, 1), "ms", None, "mean; from the save to `latest`"),
                 figure("bytes per full checkpoint", round(sum(wholes) / max(1, len(wholes)) / MiB, 2), "MiB",
-                       round(predicted_bytes / MiB, 2), "measured: all files; predicted: DeepSpeed's"),
+                       round(predicted_bytes / MiB, 2), f"measured: all files; predicted: {writer}'s"),
                 figure("bytes per checkpoint", round(sum(r.bytes for r in records) / len(records) / MiB, 2),
                        "MiB", None, f"mean over {len(records)} checkpoints"),
                 figure("steps lost on a crash, predicted mean", lost, "steps", None, "every / 2 + steps in flight"),

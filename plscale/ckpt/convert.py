@@ -31,6 +31,7 @@ from plscale.files import write_atomic
 
 CONVERTER = "deepspeed.checkpoint.ds_to_universal"
 MODEL_STATES = "mp_rank_00_model_states.pt"
+DCP_METADATA = ".metadata"   # torch.distributed.checkpoint's index of every tensor's shards
 NOT_COPIED = ("format", "tag", "created", "files", "restores", "base")  # manifest keys the output gets anew
 
 
@@ -94,6 +95,9 @@ def to_universal(root: Path, tag: str | None = None, out: Path | None = None, wo
     """
     root = Path(root)
     entry = pick(root, tag)
+    if DCP_METADATA in file_names(entry):
+        raise UserError(f"{root}/{entry.tag} is a torch.distributed.checkpoint (DCP) checkpoint: it loads at any "
+                        f"world size as it is (--set ckpt.resume={root}); for the weights alone use --to fp32.")
     if not is_zero(file_names(entry)):
         raise UserError(f"{root}/{entry.tag} is a ZeRO stage-0 checkpoint: a universal checkpoint merges ZeRO "
                         f"1-3's optimizer shards, and stage 0 has none. It already loads at any rank count as it "
@@ -145,6 +149,13 @@ def state_dict(folder: Path, names: list[str]) -> dict:
     import torch
 
     folder = Path(folder)
+    if DCP_METADATA in names:   # every tensor's shards, read and joined whole on one process, no ranks
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory(prefix=".dcp-") as scratch:
+            dcp_to_torch_save(folder, Path(scratch) / "whole.pt")
+            state = torch.load(Path(scratch) / "whole.pt", weights_only=False)
+        return {k: v.float() for k, v in state["model"].items()}
     if is_zero(names):
         from deepspeed.utils import zero_to_fp32
 

@@ -200,3 +200,15 @@ def _check_steps(interval_steps: float, lag_steps: float) -> None:
     if lag_steps < 0:
         raise PredictionError("lag_steps", lag_steps, f"Lag {lag_steps:g} steps: a checkpoint cannot be durable before "
                                                        f"it is taken.", lead=False)
+
+
+def dcp_bytes(c: ModelConfig) -> int:
+    """What torch.distributed.checkpoint writes for an fp32 FSDP2 model and torch's AdamW, all
+    ranks together, tensors only: every tensor once, each rank its own rows (no padding: a DTensor's
+    local shard is its rows only), the fp32 weights and Adam's two moments, 12Ψ, and AdamW's step
+    count, one fp32 scalar per tensor (replicated: rank 0 writes it). The model's state dict names a
+    tied head as well as the embedding, and DCP saves each name: the tied weight twice (+4 vocab h).
+    Not counted: the .metadata file (global shapes, every chunk's file and offset), each item's own
+    serialisation record in the .distcp files, each rank's random streams (0.6% more for `small`)."""
+    sizes = tensor_sizes(c)
+    return 12 * sum(sizes) + 4 * len(sizes) + (4 * c.vocab * c.hidden if c.tie_embeddings else 0)

@@ -6,6 +6,8 @@ model that saves through plscale.strategies.checkpoint.sealed (manifests and all
 For each ZeRO stage given, OUT/stage<S>/ is a checkpoint root with step000002 and
 step000004, and OUT/stage<S>-reference/step00000N.pt holds the model's state dict as the
 live engine had it at that step (gathered at stage 3): what a conversion must give back.
+The stage `fsdp2` is the same model sharded by FSDP2 and saved by torch.distributed.checkpoint
+(plscale.strategies.checkpoint.dcp), its reference every DTensor gathered whole.
 
     torchrun --standalone --nproc_per_node 1 tests/helpers/save_checkpoints.py --load-universal ROOT STAGE REF
 
@@ -29,7 +31,7 @@ SAVE_AT = (2, 4)
 MICRO_BATCH, SEQ = 2, 32
 
 
-def engine_for(stage: int, world_size: int, load_universal: bool = False):
+def engine_for(stage, world_size: int, load_universal: bool = False):
     import deepspeed
 
     from plscale.dsconfig.spec import DSSpec, build
@@ -38,8 +40,14 @@ def engine_for(stage: int, world_size: int, load_universal: bool = False):
 
     torch.manual_seed(0)
     model = Llama(preset("tiny"))
-    spec = DSSpec(stage=stage, micro_batch=MICRO_BATCH, world_size=world_size, bucket_size=200_000,
-                  load_universal=load_universal)
+    spec = DSSpec(stage=0 if stage == "fsdp2" else stage, micro_batch=MICRO_BATCH, world_size=world_size,
+                  bucket_size=200_000, load_universal=load_universal)
+    if stage == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from plscale.strategies.checkpoint import dcp
+
+        return dcp.Engine(model, build(spec), init_device_mesh("cpu", (world_size,)))
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=build(spec))
     return engine
 
@@ -52,16 +60,19 @@ def train_step(engine) -> float:
     return loss.item()
 
 
-def full_state(engine, stage: int) -> dict:
-    """name -> tensor of the whole model, cloned (stage 3 gathers the partitions first)."""
+def full_state(engine, stage) -> dict:
+    """name -> tensor of the whole model, cloned (stage 3 gathers the partitions first, FSDP2 each DTensor)."""
     import deepspeed
+
+    if stage == "fsdp2":
+        return {k: v.full_tensor().clone() for k, v in engine.module.state_dict().items()}
 
     params = list(engine.module.parameters()) if stage == 3 else []
     with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):
         return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
 
 
-def save(out: Path, stage: int, rank: int) -> None:
+def save(out: Path, stage, rank: int) -> None:
     from plscale.strategies.checkpoint import sealed
 
     engine = engine_for(stage, world_size=2)
@@ -76,7 +87,8 @@ def save(out: Path, stage: int, rank: int) -> None:
             if rank == 0:
                 reference.mkdir(parents=True, exist_ok=True)
                 torch.save(state, reference / f"step{step:06d}.pt")
-    engine.destroy()
+    if stage != "fsdp2":
+        engine.destroy()
 
 
 def load_universal(root: Path, stage: int, reference: Path, d) -> None:
@@ -97,7 +109,7 @@ def main() -> None:
     if sys.argv[1] == "--load-universal":
         load_universal(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), d)
     else:
-        for stage in map(int, sys.argv[2:]):
+        for stage in (a if a == "fsdp2" else int(a) for a in sys.argv[2:]):
             save(Path(sys.argv[1]), stage, d.rank)
     distributed.shutdown()
 

@@ -27,6 +27,9 @@ from plscale.errors import UserError
 from plscale.strategies.checkpoint import rank_state
 
 
+DEFAULTS = {"engine": "deepspeed"}   # a manifest's fields from before they were written
+
+
 @dataclass
 class Saved:
     step: int
@@ -148,7 +151,7 @@ def restore(engine, roots: list, scratch: Path, expect: dict | None = None) -> R
             skipped.append((f"{Path(key[2]).parent.name}/{Path(key[2]).name}", problems))
             continue
         for name, want in (expect or {}).items():
-            if entry.manifest.get(name) != want:
+            if entry.manifest.get(name, DEFAULTS.get(name)) != want:
                 raise UserError(f"{entry.path} holds a checkpoint of another {name} ({entry.manifest.get(name)}, "
                                 f"this run has {want}): resume from a checkpoint of this model.")
         load_root = entry.path.parent
