@@ -111,9 +111,12 @@ def test_hsdp_without_reshard_on_four_ranks(cli):
     (["fsdp2", "--set", "ds.precision=fp16"], "FSDP2's variants run fp32 or bf16"),
     (["fsdp2", "--set", "ds.offload_optimizer=true"], "the FSDP2 variants do not offload here"),
     (["zero2", "--set", "fsdp.replicate=2"], "the ZeRO variants' sharding is ds.stage"),
+    (["zero3", "--set", "fsdp.compile=true"], "fsdp.compile compiles the FSDP2 variants' layers"),
+    (["fsdp2", "--set", "fsdp.compile=true"], "torch.compile's inductor builds C++ and no compiler is on PATH"),
 ])
-def test_fsdp2_bad_input_is_one_line_before_launch(quick_cli, args, message):
-    out = quick_cli("lab", "run", *args, "--cpu")
+def test_fsdp2_bad_input_is_one_line_before_launch(quick_cli, args, message, tmp_path):
+    no_compiler = {"PATH": str(tmp_path), "CXX": ""}   # a machine without g++ or clang++
+    out = quick_cli("lab", "run", *args, "--cpu", env=no_compiler if "compiler" in message else None)
     assert out.returncode == 2 and message in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not quick_cli.runs.exists()
 

@@ -1,5 +1,8 @@
 """Host-side checks of the ZeRO lab's settings (no torch): fail in one line before launch."""
 
+import os
+import shutil
+
 from plscale.errors import UserError
 from plscale.predict.presets import preset
 
@@ -32,6 +35,15 @@ def check(settings: dict, topology) -> None:
     if not isinstance(fsdp["reshard"], bool):
         raise UserError(f"fsdp.reshard {fsdp['reshard']}: use true (free after forward, ZeRO-3's schedule) or "
                         f"false (keep until the backward).")
+    if not isinstance(fsdp["compile"], bool):
+        raise UserError(f"fsdp.compile {fsdp['compile']!r}: use true or false.")
+    if fsdp["compile"] and settings["engine"] != "fsdp2":
+        raise UserError("fsdp.compile compiles the FSDP2 variants' layers: run fsdp2 (or fsdp2-no-reshard, hsdp, "
+                        "fsdp2-bf16) with it, or drop it.")
+    compilers = [c for c in (os.environ.get("CXX"), "g++", "clang++") if c]
+    if fsdp["compile"] and topology.device == "cpu" and not any(shutil.which(c) for c in compilers):
+        raise UserError("fsdp.compile on CPU: torch.compile's inductor builds C++ and no compiler is on PATH: install "
+                        "one (apt-get install g++; on macOS xcode-select --install), set CXX, or drop fsdp.compile.")
     if fsdp["parity_steps"] < 1:
         raise UserError(f"fsdp.parity_steps {fsdp['parity_steps']}: use 1 or more.")
     replicate, world = fsdp["replicate"], topology.world_size

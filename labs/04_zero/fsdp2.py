@@ -59,15 +59,17 @@ mesh = init_device_mesh(dev.type, (R, N // R), mesh_dim_names=("replicate", "sha
 config = preset(S["model"]["preset"]).with_vocab(tokens.vocab)
 torch.manual_seed(seed)
 eager = Llama(config)   # the weights lab 04's ZeRO runs start from (same seed); rank 0's are broadcast
-model = fully_shard.on_meta(config, mesh, reshard, mixed=precision == "bf16", device=dev)
+model = fully_shard.on_meta(config, mesh, reshard, mixed=precision == "bf16", device=dev, compile=S["fsdp"]["compile"])
 fully_shard.load_full(model, eager.state_dict())
 same = all(torch.equal(p.full_tensor().cpu(), eager.state_dict()[name]) for name, p in model.state_dict().items())
 ctx.check("the model built on meta and filled from rank 0 equals the eager model", all(gathered(same)),
           "every parameter, gathered whole, bit for bit on every rank")
 psi, held = param_count(config), census.states(model)["parameters"]
+compiled = ", each layer torch.compile'd (the first step compiles)" if S["fsdp"]["compile"] else ""
 ctx.log(f"model: Llama-shaped {S['model']['preset']!r}, Ψ = {psi:,} parameters ({4 * psi / MiB:.2f} MiB fp32); "
         f"mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, {config.layers + 1} FSDP2 groups, reshard after forward "
-        f"{reshard}, {'bf16 compute, fp32 reduction' if precision == 'bf16' else 'fp32'}\n"
+        f"{reshard}, {'bf16 compute, fp32 reduction' if precision == 'bf16' else 'fp32'}"
+        f"{compiled}\n"
         f"  after to_empty this rank holds {held / MiB:.3f} MiB of parameters (the whole model: {4 * psi / MiB:.3f})")
 opt = optimizer(model.parameters(), ds)   # torch's AdamW with the run's values, on the shards
 
@@ -139,6 +141,8 @@ if ctx.is_main:
                 figure("largest loss gap", float(f"{gap:.3g}"), "relative", None, f"against the dense model, {parity} "
                        f"steps"),
                 figure("step time", round(step_s, 4), "s", None, "median, without the first and the counted step"),
+                figure("first step", round(times[0], 3), "s", None, "torch.compile's compilation included"
+                       if S["fsdp"]["compile"] else "eager"),
                 figure("throughput", round(tokens_per_step / step_s, 1), "tokens/s", None, "all ranks")]
     if dev.type == "cuda" and (gpu := gpu_of_device(torch.cuda.get_device_name(dev))):
         mfu = flops_per_token(config, seq) * tokens_per_step / step_s / (N * gpu.peak("bf16"))

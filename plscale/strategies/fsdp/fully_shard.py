@@ -37,21 +37,26 @@ from plscale.rank.models.llama import Llama
 MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
-def shard(model: Llama, mesh: DeviceMesh, reshard: bool, mixed: bool = False) -> Llama:
-    """Each decoder layer one FSDP2 group, then the root (what is left); in place."""
+def shard(model: Llama, mesh: DeviceMesh, reshard: bool, mixed: bool = False, compile: bool = False) -> Llama:
+    """Each decoder layer one FSDP2 group, then the root (what is left); in place. `compile`: each
+    layer torch.compile'd first, as torchtitan does it (one graph a layer; FSDP2's gathers and
+    reduce-scatters stay outside the graphs, in its hooks)."""
     policy = MIXED if mixed else MixedPrecisionPolicy()
     for layer in model.layers:
+        if compile:
+            layer.compile()
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     return model
 
 
-def on_meta(config: ModelConfig, mesh: DeviceMesh, reshard: bool, mixed: bool = False, device="cpu") -> Llama:
+def on_meta(config: ModelConfig, mesh: DeviceMesh, reshard: bool, mixed: bool = False, device="cpu",
+            compile: bool = False) -> Llama:
     """The model built on the meta device (shapes, no storage), sharded, then given memory for its
     shards only: no rank ever holds the whole model (torchtitan's way to start a 405B)."""
     with torch.device("meta"):
         model = Llama(config)
-    shard(model, mesh, reshard, mixed)
+    shard(model, mesh, reshard, mixed, compile)
     return model.to_empty(device=device)   # uninitialised memory for each rank's shards
 
 
