@@ -50,6 +50,14 @@ WRONG = {
          "replicas: every rank holds the same parameters after a step",
          "communication: one all-gather per step, no other collective"},
         {"optimizer states sharded: exp_avg and exp_avg_sq are 1-D fp32 tensors of k elements"}),
+    "bucketed-ddp": (
+        "            flat /= world\n",
+        "",                                                              # the sum, not the mean
+        {"gradients after finish() equal torch's DistributedDataParallel's (the mean over the ranks)",
+         "three SGD steps equal torch's DDP's, and every rank holds the same parameters"},
+        {"buckets: parameters in reverse order, at most bucket_bytes of fp32 gradient each",
+         "overlap: one async all-reduce per bucket, each started during the backward",
+         "finish() waits and copies: no collective of its own"}),
     "zero-memory": (
         '            "gradients": p * psi / (dp if stage >= 2 else 1),',
         '            "gradients": p * psi / (dp if stage >= 1 else 1),',   # stage 1 shards the gradients too

@@ -48,6 +48,8 @@ class Exercise:
 EXERCISES = {e.name: e for e in (
     Exercise("ring-allreduce", "ring all-reduce over send/recv: reduce-scatter, then all-gather",
              "03_collectives", (2, 3, 4)),
+    Exercise("bucketed-ddp", "DDP by hand: gradients all-reduced in buckets, each started as the backward makes it",
+             "02_imdb_ddp", (2, 4)),
     Exercise("zero-memory", "bytes per rank of parameters, gradients and optimizer states at ZeRO stages 0-3",
              "04_zero", (1,)),
     Exercise("zero1", "ZeRO-1: Adam's states sharded, each rank steps its shard, then all-gather",

@@ -1,0 +1,1 @@
+"""Exercise bucketed-ddp: skeleton.py (the task), solution.py (the reference), checks.py (run by worker.py)."""
