@@ -43,13 +43,15 @@ WRONG = {
         {"gpipe: all forwards first, then all backwards, micro-batches in order",
          "1f1b runs for real over p2p on p ranks: gradients equal the whole model's (m = 4)"}),
     "zero1": (
-        "        dist.all_gather(slices, param)\n        unflatten_into(torch.cat(slices), self.params)",
+        ("        slices = [torch.empty_like(self.shard) for _ in range(self.world)]\n"
+         "        dist.all_gather(slices, self.shard)\n        unflatten_into(torch.cat(slices), self.params)"),
         ("        full = torch.cat([flatten(self.params), torch.zeros(self.k * self.world - self.numel)])\n"
-         "        full[self.start:self.end] = param\n        unflatten_into(full, self.params)"),  # no all-gather
-        {"one step: parameters equal torch.optim.Adam's on the whole model",
+         "        full[self.start:self.end] = self.shard\n        unflatten_into(full, self.params)"),  # no all-gather
+        {"one step: parameters equal torch's AdamW (weight decay 0.1) stepping the whole model, bit for bit",
          "replicas: every rank holds the same parameters after a step",
          "communication: one all-gather per step, no other collective"},
-        {"optimizer states sharded: exp_avg and exp_avg_sq are 1-D fp32 tensors of k elements"}),
+        {"shard bounds: rank r owns elements [r·k, (r+1)·k) of the padded vector, k = ceil(P/N)",
+         "the shard and the optimizer: k fp32 elements on the parameters' device, the state of k only"}),
     "bucketed-ddp": (
         "            flat /= world\n",
         "",                                                              # the sum, not the mean

@@ -52,7 +52,7 @@ EXERCISES = {e.name: e for e in (
              "02_imdb_ddp", (2, 4)),
     Exercise("zero-memory", "bytes per rank of parameters, gradients and optimizer states at ZeRO stages 0-3",
              "04_zero", (1,)),
-    Exercise("zero1", "ZeRO-1: Adam's states sharded, each rank steps its shard, then all-gather",
+    Exercise("zero1", "ZeRO-1 around any torch optimizer: each rank steps its shard, then all-gather",
              "04_zero", (2, 4)),
     Exercise("pipeline-schedule", "GPipe and 1F1B: the order of forwards and backwards of a stage, run over p2p",
              "05_pipeline", (2, 4)),

@@ -1,32 +1,40 @@
-"""Exercise zero1: ZeRO stage 1, Adam's states sharded over the data-parallel ranks.
+"""Exercise zero1: ZeRO stage 1, any torch optimizer's states sharded over the data-parallel ranks.
 
 Lab 04 (labs/04_zero) measures what each ZeRO stage saves. Check with
 
     plscale exercise check zero1
 
-N data-parallel ranks hold the same model. Plain Adam keeps two fp32 moments per parameter
-(exp_avg and exp_avg_sq) on every rank, N copies of the same numbers. ZeRO-1 (Rajbhandari et
-al., 2020) gives each rank one N-th of them:
+N data-parallel ranks hold the same model. Adam keeps two fp32 moments per parameter
+(exp_avg and exp_avg_sq) on every rank: N copies of the same numbers. ZeRO-1 (Rajbhandari et
+al., 2020) gives each rank one N-th of them. A real wrapper (DeepSpeed's, torch's
+ZeroRedundancyOptimizer) works for any optimizer: it shards the parameters' values and lets
+the optimizer itself step the shard, so the arithmetic is exactly the optimizer's own.
 
-1. Flatten all parameters into one vector of P elements (`flatten`, given) and pad it with
-   zeros to N·k elements, k = ceil(P / N). Rank r owns elements r·k .. (r+1)·k - 1 of it.
-2. Each rank keeps exp_avg and exp_avg_sq for its own k elements only.
-3. step(): the gradients are already averaged over the ranks (as after data parallelism's
-   all-reduce: p.grad is the same on every rank). Each rank runs Adam on its own k elements,
-   then one all-gather of the updated slices gives every rank the whole updated vector;
-   write it back into the parameters (`unflatten_into`, given).
+    opt = Zero1(model.parameters(), torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+    loss.backward(); (average the gradients over the ranks); opt.step(); opt.zero_grad()
 
-Adam as torch.optim.Adam does it (Kingma and Ba, 2015; weight decay 0), at step t = 1, 2, ...:
-    exp_avg    = β1·exp_avg + (1 - β1)·g
-    exp_avg_sq = β2·exp_avg_sq + (1 - β2)·g²
-    param     -= lr · (exp_avg / (1 - β1^t)) / (sqrt(exp_avg_sq / (1 - β2^t)) + eps)
+1. `__init__`: keep the parameters that require a gradient (a frozen one has nothing to
+   step: leave it out of everything). Flatten them (`flatten`, given) into one vector of P
+   elements and pad it with zeros to N·k, k = ceil(P / N): rank r owns elements r·k ..
+   (r+1)·k - 1 (`self.start`, `self.end`). `self.shard`: this rank's k elements as a leaf
+   tensor that requires a gradient, fp32, on the parameters' device. `self.optimizer`:
+   `optimizer_class([self.shard], **kwargs)`, the one optimizer, holding state for k elements.
+2. `step()`: the gradients are already averaged over the ranks (p.grad is the same on every
+   rank). Give `self.shard` this rank's slice of the flat gradients as its `.grad`, step
+   `self.optimizer`, then one all-gather of every rank's shard gives every rank the whole
+   updated vector: write it into the parameters (`unflatten_into`, given).
+3. `zero_grad()`: the parameters' gradients to None (and the shard's).
 
-What the checks test, on 2 and 4 ranks, with P not a multiple of N: self.start and
-self.end (the slice of the padded vector this rank owns); self.exp_avg and self.exp_avg_sq
-(1-D fp32 tensors of k elements each, equal to torch's Adam state for those elements);
-parameters equal to torch.optim.Adam's on the whole model after 1 and 5 steps, the same on
-every rank; one all-gather per step (dist.all_gather or dist.all_gather_into_tensor) and no
-other collective. Use torch.distributed's default group.
+Why the optimizer's own arithmetic: torch's optimizers on CPU update each element alone (no
+sum over elements, in AdamW: decay, moments, bias corrections), so stepping a slice gives
+exactly the numbers stepping the whole would, bit for bit.
+
+What the checks test, on 2 and 4 ranks, with P not a multiple of N: self.start and self.end;
+the shard (k elements, fp32, on the parameters' device) and the optimizer's state (k elements
+per tensor); parameters equal to torch's AdamW (weight decay 0.1) stepping the whole model,
+bit for bit, after 1 and 5 steps, and to SGD with momentum's; a frozen parameter left as it
+was and out of the shards; every rank holding the same parameters; one all-gather per step
+and no other collective. Use torch.distributed's default group.
 """
 
 import torch
@@ -47,16 +55,17 @@ def unflatten_into(flat: torch.Tensor, params) -> None:
         offset += p.numel()
 
 
-class Zero1Adam:
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.params = list(params)
-        self.lr, self.betas, self.eps = lr, betas, eps
-        self.t = 0
-        # TODO: self.start, self.end: this rank's slice of the padded flat vector;
-        #       self.exp_avg, self.exp_avg_sq: zeros for this rank's k elements
-        raise NotImplementedError("Zero1Adam.__init__")
+class Zero1:
+    def __init__(self, params, optimizer_class=torch.optim.Adam, **kwargs):
+        # TODO: self.params (the trainable ones), self.start, self.end, self.shard, self.optimizer
+        raise NotImplementedError("Zero1.__init__")
 
     @torch.no_grad()
     def step(self) -> None:
-        # TODO: Adam on this rank's slice, then one all-gather, then write back
-        raise NotImplementedError("Zero1Adam.step")
+        # TODO: this rank's slice of the gradients into self.shard.grad, the optimizer's step,
+        #       one all-gather, write back
+        raise NotImplementedError("Zero1.step")
+
+    def zero_grad(self) -> None:
+        # TODO
+        raise NotImplementedError("Zero1.zero_grad")
