@@ -60,6 +60,14 @@ WRONG = {
         {"buckets: parameters in reverse order, at most bucket_bytes of fp32 gradient each",
          "overlap: one async all-reduce per bucket, each started during the backward",
          "finish() waits and copies: no collective of its own"}),
+    "fsdp": (
+        "        return mine / dist.get_world_size()",
+        "        return mine",                                            # the sum over the ranks, not the mean
+        {"backward: each shard's gradient is this rank's slice of the whole model's mean gradient",
+         "three SGD steps (momentum 0.9) equal PyTorch's fully_shard (reshard_after_forward=False)"},
+        {"shards: one fp32 nn.Parameter per unit, this rank's k = ceil(P/N) elements of its flat weights",
+         "forward: the output equals the whole model's",
+         "communication: one all-gather per unit in forward, one reduce-scatter per unit in backward"}),
     "zero-memory": (
         '            "gradients": p * psi / (dp if stage >= 2 else 1),',
         '            "gradients": p * psi / (dp if stage >= 1 else 1),',   # stage 1 shards the gradients too
@@ -119,8 +127,9 @@ def batch(tmp_path_factory):
     return {(kind, e.name): r for (kind, e, _), r in zip(jobs, results)}
 
 
-def test_five_exercises_each_with_skeleton_solution_and_checks():
-    assert {"ring-allreduce", "tp-column", "pipeline-schedule", "zero1", "zero-memory"} <= set(EXERCISES)
+def test_every_exercise_has_a_skeleton_solution_and_checks():
+    assert {"ring-allreduce", "tp-column", "pipeline-schedule", "zero1", "zero-memory", "bucketed-ddp",
+            "fsdp"} <= set(EXERCISES)
     for e in EXERCISES.values():
         assert "NotImplementedError" in e.skeleton.read_text() and "TODO" in e.skeleton.read_text()
         assert "NotImplementedError" not in e.solution.read_text()

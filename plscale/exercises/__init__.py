@@ -54,6 +54,8 @@ EXERCISES = {e.name: e for e in (
              "04_zero", (1,)),
     Exercise("zero1", "ZeRO-1 around any torch optimizer: each rank steps its shard, then all-gather",
              "04_zero", (2, 4)),
+    Exercise("fsdp", "FSDP by hand: each layer's shard all-gathered before its forward, its gradient reduce-scattered",
+             "04_zero", (2, 4)),
     Exercise("pipeline-schedule", "GPipe and 1F1B: the order of forwards and backwards of a stage, run over p2p",
              "05_pipeline", (2, 4)),
     Exercise("tp-column", "Megatron's f and g as autograd functions, and a column-parallel linear",

@@ -1,0 +1,1 @@
+"""Exercise fsdp: skeleton.py (the task), solution.py (the reference), checks.py (run by worker.py)."""
