@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT, run_cli
 from plscale.hardware import free_port
+from helpers import watchdogs
 from helpers.fake_runpod import FakeRunPod
 
 
@@ -22,9 +23,11 @@ def pods(tmp_path, sshd):
     """A cluster of `nodes` pods, up through the real CLI; torn down afterwards."""
     fake = FakeRunPod().start()
     fake.ssh_endpoints = [(sshd.host, sshd.port)]
+    fake.environ_dir = tmp_path / "environ"  # each pod's container environment, where its watchdog reads its key
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
            "PLSCALE_RUNPOD_API": fake.url, "RUNPOD_API_KEY": fake.key, "PLSCALE_RUNPOD_POLL": "0.1",
-           "PLSCALE_RUNPOD_SSH_USER": getpass.getuser(), "PLSCALE_RUNS_DIR": str(tmp_path / "local_runs")}
+           "PLSCALE_RUNPOD_SSH_USER": getpass.getuser(), "PLSCALE_RUNS_DIR": str(tmp_path / "local_runs"),
+           "PLSCALE_RUNPOD_POD_ENVIRON": str(tmp_path / "environ" / "{pod}"), "PLSCALE_RUNPOD_WATCHDOG_POLL": "0.5"}
     remote_dir = tmp_path / "pod"
 
     def up(nodes=1):
@@ -41,10 +44,14 @@ def pods(tmp_path, sshd):
         return run_cli("runpod", *args, env=env, **kwargs)
 
     cli.up, cli.fake, cli.remote_dir, cli.env, cli.tmp = up, fake, remote_dir, env, tmp_path
-    yield cli
-    cli("down", "--all", "--yes")
-    assert fake.alive() == []
-    fake.stop()
+    try:
+        yield cli
+        cli("down", "--all", "--yes")
+        assert fake.alive() == [] and fake.clusters_alive() == []
+        fake.check()  # every request and answer held to RunPod's published schema
+    finally:
+        watchdogs.stop(remote_dir)
+        fake.stop()
 
 
 def test_ssh_sync_and_run_on_one_pod(pods):
@@ -52,9 +59,18 @@ def test_ssh_sync_and_run_on_one_pod(pods):
     done = pods("ssh", "--", "echo hello from the pod; exit 3")  # words joined by spaces, as ssh does
     assert done.returncode == 3 and done.stdout.strip() == "hello from the pod"
 
-    done = pods("sync")
+    secrets = [ROOT / ".env", ROOT / "labs" / "plscale-test.pem"]  # a student's secrets in the checkout
+    made = [p for p in secrets if not p.exists()]
+    try:
+        for path in made:
+            path.write_text("RUNPOD_API_KEY=not-for-the-pod\n")
+        done = pods("sync")
+    finally:
+        for path in made:
+            path.unlink()
     assert done.returncode == 0, done.stderr
     copied = pods.remote_dir
+    assert not (copied / ".env").exists() and not (copied / "labs" / "plscale-test.pem").exists()
     assert (copied / "pyproject.toml").read_bytes() == (ROOT / "pyproject.toml").read_bytes()
     assert (copied / "runpod" / "job.sh").is_file() and (copied / "labs").is_dir()
     assert not (copied / ".venv").exists() and not (copied / ".git").exists()

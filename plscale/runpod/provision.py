@@ -1,16 +1,21 @@
 """Pods up and down, so that nothing is ever left billing by accident.
 
-`up` prices the request before anything exists, creates the pods one by one (each
-written to the state file at once), sets RunPod's own terminate time on every one
-(`terminateAfter` = now + --max-hours, so a lost laptop cannot leave them running), and
-waits until SSH really answers. If anything fails once a pod exists, every pod it created
-is terminated and checked gone before the error is shown. `down` terminates and then asks
-RunPod whether any of the pods is still there.
+`up` prices the request from RunPod's catalog before anything exists, makes sure the
+account's SSH keys hold the student's public key (RunPod's `startSsh` puts those keys on the
+pods), then creates one pod, or for several nodes one Instant Cluster (`/v2/clusters`, every
+node alike, on a private network). The record is written to the state file the moment RunPod
+answers. It waits until SSH answers on every node, then starts the watchdog
+(plscale/runpod/watchdog.py) on each, which ends the pod or the cluster at --max-hours with
+the pod's own key, whatever happens to this machine. If anything fails once something
+exists, everything it created is deleted and checked gone before the error is shown.
+`down` deletes and then asks RunPod whether anything is still there.
 """
 
 import difflib
 import os
 import re
+import shlex
+import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -18,11 +23,12 @@ from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.runpod import local, ssh
-from plscale.runpod.api import KeyRefused, LowBalance, NoCapacity, RunPodAPI, RunPodError, Unreachable
+from plscale.runpod.api import NoCapacity, NotFound, RunPodAPI, RunPodError
 
 PREFIX = "plscale-"
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
-OUR_POD = re.compile(rf"^{PREFIX}[a-z0-9][a-z0-9-]*-\d+$")  # plscale-CLUSTER-NODE: pods `up` names
+OUR_POD = re.compile(rf"^{PREFIX}[a-z0-9][a-z0-9-]*-\d+$")    # plscale-NAME-0: the pod `up` makes for one node
+OUR_CLUSTER = re.compile(rf"^{PREFIX}[a-z0-9][a-z0-9-]*$")     # plscale-NAME: the cluster it makes for several
 
 
 @dataclass
@@ -39,40 +45,46 @@ class Request:
     ssh_key: str | None = None
     remote_dir: str = "/workspace/plscale"
     timeout: float = 900
+    # The seam for RunPod's managed Slurm: an Instant Cluster of type SLURM has a controller at
+    # rank 0 and compute nodes; the labs would then go through the Slurm launcher (not built yet).
+    cluster_type: str = "TRAINING"
 
 
 @dataclass
 class Quote:
     gpu: dict
     per_gpu_hour: float
-    per_hour: float      # all pods together
+    per_hour: float      # all nodes together
     for_max_hours: float
-    balance: float
+    availability: str
 
 
 def check(req: Request, state: dict) -> Path:
     """Bad input, found before RunPod is asked anything. Returns the private key's path."""
     if req.gpus < 1 or req.nodes < 1:
         raise UserError(f"--gpus {req.gpus} --nodes {req.nodes}: use 1 or more of each.")
+    if req.nodes > 250:
+        raise UserError(f"--nodes {req.nodes}: a RunPod Instant Cluster has at most 250 nodes.")
     req.cloud = req.cloud.lower()
     if req.cloud not in ("secure", "community"):
         raise UserError(f"--cloud {req.cloud}: use secure or community.")
     if not 0.01 <= req.max_hours <= 72:
-        raise UserError(f"--max-hours {req.max_hours:g}: use a number of hours from 0.01 to 72; the pods "
-                        f"are terminated by RunPod then, so pick what the labs need plus a margin.")
+        raise UserError(f"--max-hours {req.max_hours:g}: use a number of hours from 0.01 to 72; the pods end "
+                        f"themselves then, so pick what the labs need plus a margin.")
     if not req.timeout > 0:
         raise UserError(f"--timeout {req.timeout:g}: give the seconds to wait for SSH, above 0 (default 900).")
     if not req.image.strip():
         raise UserError("--image is empty: give a container image, e.g. the default " + Request.image + ".")
-    if req.volume < 0 or req.disk < 10:
-        raise UserError(f"--volume {req.volume} --disk {req.disk}: the volume is 0 GB or more, the disk 10 GB or more.")
+    if not (req.volume == 0 or req.volume >= 10) or req.disk < 10:
+        raise UserError(f"--volume {req.volume} --disk {req.disk}: the volume is 0 (none) or 10 GB or more "
+                        f"(RunPod's floor), the disk 10 GB or more.")
     if not NAME.match(req.name):
         raise UserError(f"--name {req.name!r}: use lowercase letters, digits and '-', up to 31 characters.")
     if req.name in state["clusters"]:
         raise UserError(f"Cluster {req.name!r} is already up: `plscale runpod down --name {req.name}` first, "
                         f"or pick another --name.")
     if req.nodes > 1 and req.cloud != "secure":
-        raise UserError(f"--nodes {req.nodes} --cloud {req.cloud}: several pods talk over RunPod's private network, "
+        raise UserError(f"--nodes {req.nodes} --cloud {req.cloud}: several nodes are one RunPod Instant Cluster, "
                         f"which only the secure cloud has: use --cloud secure.")
     if not req.remote_dir.startswith("/") or any(c.isspace() for c in req.remote_dir):
         raise UserError(f"--remote-dir {req.remote_dir!r}: give an absolute path on the pod without spaces, "
@@ -97,201 +109,344 @@ def private_key(given: str | None) -> Path:
 
 
 def quote(api: RunPodAPI, req: Request) -> Quote:
-    types = api.gpu_types(req.gpus)
-    by_name = {(t.get("id") or "").lower(): t for t in types} | {(t.get("displayName") or "").lower(): t for t in types}
+    """The price and stock of the request, from RunPod's catalog (pods or clusters, this cloud, this count)."""
+    cloud = req.cloud.upper()
+    types = api.gpus(req.gpus, "CLUSTER" if req.nodes > 1 else "POD", cloud)
+    by_name = {(t.get("id") or "").lower(): t for t in types} | {(t.get("name") or "").lower(): t for t in types}
     gpu = by_name.get(req.gpu_type.lower())
     if gpu is None:
         close = difflib.get_close_matches(req.gpu_type.lower(), list(by_name), n=1, cutoff=0.75) or \
             [n for n in by_name if req.gpu_type.lower() in n][:1]
         hint = f" Did you mean {by_name[close[0]]['id']!r}?" if close else ""
         raise UserError(f"--gpu-type {req.gpu_type!r} is not a RunPod GPU type.{hint} `plscale runpod gpus` lists them.")
-    price = gpu.get(f"{req.cloud}Price")
     other = "community" if req.cloud == "secure" else "secure"
-    if not gpu.get(f"{req.cloud}Cloud") or not price:
+    price = (gpu.get("price") or {}).get(req.cloud)
+    if not gpu.get(req.cloud) or not price:
         raise UserError(f"{gpu['id']} is not offered in RunPod's {req.cloud} cloud: try --cloud {other}.")
-    if not (gpu.get(req.cloud) or {}).get("stockStatus"):
-        raise NoCapacity(f"RunPod has no {gpu['id']} pods with {req.gpus} GPU(s) in stock in the {req.cloud} cloud "
-                         f"now: try --cloud {other}, fewer --gpus, another --gpu-type (`plscale runpod gpus` shows "
-                         f"stock), or again later.")
+    most = (gpu.get("maxCount") or {}).get(req.cloud) or 0
+    if req.gpus > most:
+        raise UserError(f"--gpus {req.gpus}: a {gpu['id']} pod in the {req.cloud} cloud has at most {most} GPUs; "
+                        f"ask for fewer per pod (and more --nodes).")
+    availability = gpu.get("availability") or "NONE"
+    if availability == "NONE":
+        what = f"{req.nodes}-node clusters" if req.nodes > 1 else "pods"
+        raise NoCapacity(f"RunPod has no {gpu['id']} {what} with {req.gpus} GPU(s) in stock in the {req.cloud} cloud "
+                         f"now: try {'--cloud ' + other + ', ' if req.nodes == 1 else ''}fewer --gpus, another "
+                         f"--gpu-type (`plscale runpod gpus` shows stock), or again later.")
     per_hour = price * req.gpus * req.nodes
-    balance = float(api.myself().get("clientBalance") or 0)
-    return Quote(gpu, price, per_hour, per_hour * req.max_hours, balance)
+    return Quote(gpu, price, per_hour, per_hour * req.max_hours, availability)
 
 
-def check_balance(q: Quote) -> None:
-    if q.balance < q.per_hour:
-        raise LowBalance(f"Your RunPod balance (${q.balance:.2f}) is below one hour of this request "
-                         f"(${q.per_hour:.2f}/h): add credit at https://www.runpod.io/console/user/billing, "
-                         f"or ask for fewer or cheaper GPUs.")
+def public_key(key: Path) -> str:
+    return key.with_name(key.name + ".pub").read_text().strip()
 
 
-def pod_spec(req: Request, q: Quote, node: int, public_key: str, deadline: datetime) -> dict:
-    spec = {"name": f"{PREFIX}{req.name}-{node}", "imageName": req.image, "gpuTypeId": q.gpu["id"],
-            "gpuCount": req.gpus, "cloudType": req.cloud.upper(), "containerDiskInGb": req.disk,
-            "volumeInGb": req.volume, "volumeMountPath": "/workspace", "ports": "22/tcp", "startSsh": True,
-            "supportPublicIp": True, "env": [{"key": "PUBLIC_KEY", "value": public_key}],
-            "terminateAfter": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}
-    if req.nodes > 1:
-        spec["globalNetwork"] = True  # the pods' private network, for NCCL between nodes
+def key_registered(api: RunPodAPI, key: Path) -> tuple[bool, list[str]]:
+    """Whether the account's SSH keys hold this public key (type and base64 compared, not the comment)."""
+    keys = api.ssh_keys()
+    ours = public_key(key).split()[:2]
+    return any(k.split()[:2] == ours for k in keys), keys
+
+
+def register_key(api: RunPodAPI, key: Path, keys: list[str]) -> None:
+    """Add the public key to the account's set (a PUT replaces the set: the others are sent too)."""
+    now = api.set_ssh_keys([*keys, public_key(key)])
+    if not any(k.split()[:2] == public_key(key).split()[:2] for k in now):
+        raise RunPodError(f"RunPod did not keep the SSH key {key}.pub: add it by hand at "
+                          f"https://www.runpod.io/console/user/settings (SSH Public Keys), then `up` again.")
+
+
+def deadline_of(req: Request) -> datetime:
+    return datetime.now(timezone.utc) + timedelta(hours=req.max_hours)
+
+
+def container(req: Request, deadline: datetime) -> dict:
+    """What every node's container gets: image, disks, the SSH port, the account's keys, the deadline."""
+    spec = {"image": req.image, "disk": req.disk, "ports": ["22/tcp"], "startSsh": True,
+            "env": {"PLSCALE_DEADLINE": deadline.strftime("%Y-%m-%dT%H:%M:%SZ")}}
+    if req.volume:
+        spec["mounts"] = {"persistent": {"size": req.volume, "path": "/workspace"}}
     return spec
 
 
+def pod_body(req: Request, q: Quote, deadline: datetime) -> dict:
+    return {"name": f"{PREFIX}{req.name}-0", "gpu": {"id": q.gpu["id"], "count": req.gpus},
+            "cloud": req.cloud.upper(), **container(req, deadline)}
+
+
+def cluster_body(req: Request, q: Quote, deadline: datetime) -> dict:
+    return {"name": f"{PREFIX}{req.name}", "type": req.cluster_type,
+            "compute": {"gpuTypeId": q.gpu["id"], "gpuCountPerPod": req.gpus, "podCount": req.nodes},
+            **container(req, deadline)}
+
+
 def create(api: RunPodAPI, req: Request, q: Quote, key: Path, status) -> dict:
-    """Create the pods and wait until SSH answers on each. On any failure (Ctrl-C included) every
-    pod created so far is terminated and checked gone, then the error goes on."""
-    deadline = datetime.now(timezone.utc) + timedelta(hours=req.max_hours)
-    cluster = {"name": req.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "gpu_type": q.gpu["id"], "gpus": req.gpus, "nodes": req.nodes, "cloud": req.cloud,
-               "image": req.image, "max_hours": req.max_hours,
-               "terminate_after": deadline.isoformat(timespec="seconds"), "remote_dir": req.remote_dir,
-               "ssh_key": str(key), "pods": []}
-    public_key = key.with_name(key.name + ".pub").read_text().strip()
+    """Create the pod or the cluster, wait until SSH answers on every node and its watchdog is armed.
+    On any failure (Ctrl-C included) whatever was created is deleted and checked gone, then the error goes on."""
+    deadline = deadline_of(req)
+    record = {"name": req.name, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "gpu_type": q.gpu["id"], "gpus": req.gpus, "nodes": req.nodes, "cloud": req.cloud,
+              "image": req.image, "max_hours": req.max_hours, "terminate_after": deadline.isoformat(timespec="seconds"),
+              "remote_dir": req.remote_dir, "ssh_key": str(key), "cluster_id": None, "pods": []}
     try:
-        for node in range(req.nodes):
-            status(f"creating pod {node + 1} of {req.nodes} ({req.gpus} x {q.gpu['id']})")
-            made = api.create(pod_spec(req, q, node, public_key, deadline))
-            cluster["pods"].append({"id": made["id"], "node": node, "cost_per_hr": made.get("costPerHr"),
-                                    "host": None, "port": None})
-            local.put_cluster(cluster)
-        wait_for_ssh(api, cluster, req.timeout, status)
+        if req.nodes == 1:
+            status(f"creating a pod ({req.gpus} x {q.gpu['id']})")
+            made = api.create_pod(pod_body(req, q, deadline))
+            record["pods"].append({"id": made["id"], "node": 0, "cost_per_hr": made.get("cost"), "host": None,
+                                   "port": None})
+        else:
+            status(f"creating an Instant Cluster of {req.nodes} nodes ({req.gpus} x {q.gpu['id']} each)")
+            record["cluster_id"] = api.create_cluster(cluster_body(req, q, deadline))["id"]
+        local.put_cluster(record)
+        wait_for_ssh(api, record, req.timeout, status)
+        for pod in record["pods"]:
+            status(f"starting the --max-hours watchdog on node {pod['node']}")
+            arm(api, record, pod)
     except BaseException as exc:
         try:
-            created, left = undo(api, cluster, status)
+            created, left, reasons = undo(api, record, status)
         except KeyboardInterrupt:
-            raise Interrupted(f"Interrupted while terminating: pod(s) {', '.join(p['id'] for p in cluster['pods'])} "
-                              f"may still be running: `plscale runpod down --name {cluster['name']}` ends them.") from None
+            raise Interrupted(f"Interrupted while deleting: {', '.join(i for _, i in resources(record))} may still "
+                              f"be running: `plscale runpod down --name {record['name']}` ends them.") from None
         if isinstance(exc, (UserError, KeyboardInterrupt)) and created:
             interrupted = isinstance(exc, KeyboardInterrupt)
             error = (Interrupted if interrupted else RunPodError)(
-                f"{'Interrupted' if interrupted else str(exc).rstrip('.')}. Terminated the {len(created)} pod(s) "
-                f"it had created ({', '.join(created)}); {_gone(left)}")
+                f"{'Interrupted' if interrupted else str(exc).rstrip('.')}. Deleted what it had created "
+                f"({', '.join(created)}); {_gone(record, left, reasons)}")
             raise error from None
         raise
-    local.put_cluster(cluster)
-    return cluster
+    local.put_cluster(record)
+    return record
 
 
-def undo(api: RunPodAPI, cluster: dict, status) -> tuple[list[str], list[str]]:
-    """Terminate a half-made cluster: the pods on record, and any RunPod lists under the cluster's pod
-    names (a create whose answer was lost may have made one). Returns (created, still listed); the
-    cluster leaves the state file only once RunPod lists none of its pods."""
-    created = [p["id"] for p in cluster["pods"]]
+def resources(record: dict) -> list[tuple[str, str]]:
+    """What bills for a record: its cluster (deleting it ends every node), or its pods."""
+    if record.get("cluster_id"):
+        return [("cluster", record["cluster_id"])]
+    return [("pod", p["id"]) for p in record["pods"]]
+
+
+def undo(api: RunPodAPI, record: dict, status) -> tuple[list[str], list[tuple[str, str]], dict]:
+    """Delete a half-made record: what is on record, and anything RunPod lists under its names (a create
+    whose answer was lost may have made one). Returns (created, still listed, RunPod's reasons)."""
+    made = resources(record)
     try:
-        named = re.compile(rf"^{PREFIX}{re.escape(cluster['name'])}-\d+$")
-        created += [p["id"] for p in api.myself().get("pods") or [] if named.match(p.get("name") or "")
-                    and p["id"] not in created]
+        made += [r for r in named(api, record["name"]) if r not in made]
     except RunPodError:
-        pass  # unreachable: the recorded pods at least are tried below
-    left = created
-    if created:
-        status(f"terminating the {len(created)} pod(s) just created")
+        pass  # unreachable: what is on record at least is tried below
+    left, reasons = made, {}
+    if made:
+        status(f"deleting {', '.join(i for _, i in made)}")
         try:
-            left = terminate_all(api, created)
+            left, reasons = terminate_all(api, made)
         except RunPodError:
-            pass  # RunPod unreachable: every pod stays in the state file for `down`
-    recorded = {p["id"] for p in cluster["pods"]}
-    cluster["pods"] += [{"id": i, "node": None, "host": None, "port": None} for i in left if i not in recorded]
-    local.keep_pods(cluster, left)
-    return created, left
+            pass  # RunPod unreachable: everything stays in the state file for `down`
+    keep(record, left)
+    return [i for _, i in made], left, reasons
+
+
+def named(api: RunPodAPI, name: str) -> list[tuple[str, str]]:
+    """The pod or cluster RunPod lists under the names `up` gives for cluster `name`."""
+    found = [("cluster", c["id"]) for c in api.clusters() if c.get("name") == f"{PREFIX}{name}"]
+    return found + [("pod", p["id"]) for p in api.pods()
+                    if p.get("name") == f"{PREFIX}{name}-0" and not p.get("cluster")]
+
+
+def keep(record: dict, left: list[tuple[str, str]]) -> None:
+    """Keep on record only what RunPod still lists; a record left with nothing leaves the file."""
+    ids = {i for _, i in left}
+    clusters = [i for kind, i in left if kind == "cluster"]
+    if record.get("cluster_id") not in ids and (record.get("cluster_id") or clusters):
+        # its cluster deleted (or one found by name, of a create whose answer was lost, takes its place)
+        record["cluster_id"], record["pods"] = (clusters[0] if clusters else None), []
+    record["stray_clusters"] = [i for i in clusters if i != record["cluster_id"]]
+    if not record["cluster_id"]:
+        known = {p["id"] for p in record["pods"]}
+        record["pods"] = [p for p in record["pods"] if p["id"] in ids] + \
+            [{"id": i, "node": None, "host": None, "port": None} for kind, i in left if kind == "pod" and i not in known]
+    if record["pods"] or record["cluster_id"] or record["stray_clusters"]:
+        local.put_cluster(record)
+    else:
+        local.drop_cluster(record["name"])
 
 
 class Interrupted(RunPodError):
     exit_code = 130
 
 
-def _gone(left: list[str]) -> str:
+def _gone(record: dict, left: list, reasons: dict) -> str:
     if left:
-        return (f"RunPod still lists {', '.join(left)}: terminate it in the console "
-                f"(https://www.runpod.io/console/pods) or run `plscale runpod down --all`.")
-    return "RunPod lists none of them now: nothing left billing."
+        why = "; ".join(f"{i}: {reasons[i]}" for _, i in left if i in reasons)
+        return (f"RunPod still lists {', '.join(i for _, i in left)}{' (' + why + ')' if why else ''}: "
+                f"`plscale runpod down --name {record['name']}` tries again, or delete it in the console "
+                f"(https://www.runpod.io/console/pods).")
+    return "RunPod lists none of it now: nothing left billing."
 
 
-def wait_for_ssh(api: RunPodAPI, cluster: dict, timeout: float, status) -> None:
-    """Ports first (RunPod reports them late), then sshd (it starts later still)."""
+def wait_for_ssh(api: RunPodAPI, record: dict, timeout: float, status) -> None:
+    """Every node's direct SSH endpoint first (RunPod reports it once the pod runs), then sshd itself."""
     start, poll = time.monotonic(), poll_interval()
-    for pod in cluster["pods"]:
-        while pod["host"] is None:
-            found = api.pod(pod["id"])
-            if found is None:
-                raise RunPodError(f"Pod {pod['id']} disappeared while starting (terminated in the console, or its "
-                                  f"--max-hours passed): run `plscale runpod up` again.")
-            endpoint = ssh_endpoint(found)
-            if endpoint:
-                pod["host"], pod["port"] = endpoint
+    while True:
+        live = nodes(api, record)
+        for pod in record["pods"]:
+            found = live.get(pod["id"])
+            direct = ((found or {}).get("ssh") or {}).get("direct")
+            if direct and pod["host"] is None:
+                pod["host"], pod["port"] = direct["host"], int(direct["port"])
                 ssh.forget_host(pod)
-                break
-            _tick(start, timeout, status, f"pod {pod['id']} is starting ({found.get('desiredStatus')}, "
-                                           f"no ports yet)",
-                  f"pod {pod['id']} is stuck pending (RunPod gave it no SSH port); try again with a larger "
-                  f"--timeout, or another --gpu-type or --cloud")
+        local.put_cluster(record)
+        waiting = [p for p in record["pods"] if p["host"] is None]
+        if record["pods"] and not waiting and len(record["pods"]) == record["nodes"]:
+            break
+        states = ", ".join(f"node {p['node']} {(live.get(p['id']) or {}).get('status', '?')}" for p in waiting) or \
+            f"{len(record['pods'])} of {record['nodes']} nodes placed"
+        _tick(start, timeout, status, f"starting ({states})",
+              f"{states}: RunPod gave no direct SSH endpoint; try again with a larger --timeout, or another "
+              f"--gpu-type or --cloud")
+        time.sleep(poll)
+    for pod in record["pods"]:
+        while not ssh.answers(record, pod):
+            _tick(start, timeout, status, f"waiting for sshd on node {pod['node']} ({pod['host']}:{pod['port']})",
+                  f"node {pod['node']} is up, but SSH never answered at {pod['host']}:{pod['port']} with key "
+                  f"{record['ssh_key']}; check that --image starts sshd from PUBLIC_KEY (RunPod's images do) and "
+                  f"that no firewall blocks the port")
             time.sleep(poll)
-        while not ssh.answers(cluster, pod):
-            _tick(start, timeout, status, f"waiting for sshd on {pod['host']}:{pod['port']}",
-                  f"pod {pod['id']} is up, but SSH never answered at {pod['host']}:{pod['port']} with key "
-                  f"{cluster['ssh_key']}; check that --image starts sshd from PUBLIC_KEY (RunPod's images "
-                  f"do) and that no firewall blocks the port")
-            time.sleep(poll)
-    status("every pod answers over SSH")
+    status("every node answers over SSH")
+
+
+def nodes(api: RunPodAPI, record: dict) -> dict:
+    """The record's pods as RunPod lists them now, by id (a cluster's members filed in by rank)."""
+    if not record.get("cluster_id"):
+        found = {p["id"]: api.pod(p["id"]) for p in record["pods"]}
+        gone = [i for i, p in found.items() if p is None]
+        if gone:
+            raise RunPodError(f"Pod {', '.join(gone)} disappeared while starting (deleted in the console?): run "
+                              f"`plscale runpod up` again.")
+        return found
+    if api.cluster(record["cluster_id"]) is None:
+        raise RunPodError(f"Cluster {record['cluster_id']} disappeared while starting (deleted in the console?): "
+                          f"run `plscale runpod up` again.")
+    members = {p["id"]: p for p in api.cluster_pods(record["cluster_id"])}
+    known = {p["id"] for p in record["pods"]}
+    for pod in sorted(members.values(), key=lambda p: (p.get("cluster") or {}).get("rank") or 0):
+        rank = (pod.get("cluster") or {}).get("rank")
+        if pod["id"] not in known and rank is not None:
+            record["pods"].append({"id": pod["id"], "node": rank, "cost_per_hr": pod.get("cost"),
+                                   "host": None, "port": None})
+    record["pods"].sort(key=lambda p: p["node"])
+    return members
 
 
 def _tick(start: float, timeout: float, status, what: str, failure: str) -> None:
     waited = time.monotonic() - start
     if waited > timeout:
-        raise RunPodError(f"Pods not ready after --timeout {timeout:g} s: {failure}")
+        raise RunPodError(f"Not ready after --timeout {timeout:g} s: {failure}")
     status(f"{what} ({waited:.0f} s)")
 
 
-def ssh_endpoint(pod: dict) -> tuple[str, int] | None:
-    ports = (pod.get("runtime") or {}).get("ports") or []
-    for p in ports:
-        if p.get("privatePort") == 22 and p.get("isIpPublic") and p.get("type") == "tcp":
-            return p["ip"], int(p["publicPort"])
-    return None
+# ---- the watchdog, on every node ----
+def watchdog_dir(record: dict, pod: dict) -> str:
+    # By pod id: on RunPod a pod has its own disk, but nodes may share a folder (the tests' sshd does).
+    return f"{record['remote_dir'].rstrip('/')}/.plscale/watchdog-{pod['id']}"
 
 
-def still_listed(api: RunPodAPI, pod_ids: list[str]) -> list[str]:
-    """The pods RunPod still lists (in the account, or by id): they may still bill."""
-    listed = {p["id"] for p in api.myself().get("pods") or []}
-    return [i for i in pod_ids if i in listed or _exists(api, i)]
+def arm(api: RunPodAPI, record: dict, pod: dict, wait: float = 60) -> None:
+    """Copy the watchdog to the node, start it detached with the deadline, and wait until it says `armed`
+    (it has read its own pod with the pod's key)."""
+    where = watchdog_dir(record, pod)
+    deadline = datetime.fromisoformat(record["terminate_after"]).timestamp()
+    environ = os.environ.get("PLSCALE_RUNPOD_POD_ENVIRON", "/proc/1/environ").format(pod=pod["id"])
+    argv = ["python3", f"{where}/watchdog.py", "--pod", pod["id"], "--api", api.base, "--dir", where,
+            "--poll", os.environ.get("PLSCALE_RUNPOD_WATCHDOG_POLL", "30"), "--environ", environ]
+    if record.get("cluster_id"):
+        argv += ["--cluster", record["cluster_id"]]
+    q = shlex.quote
+    start = (f"command -v python3 >/dev/null || {{ echo 'no python3 on the pod' >&2; exit 3; }}; "
+             f"mkdir -p {q(where)} && cat > {q(where + '/watchdog.py')} && echo {deadline:.0f} > {q(where + '/deadline')}"
+             f" && rm -f {q(where + '/status')} && (setsid nohup {shlex.join(argv)} > {q(where + '/log')} 2>&1 "
+             f"< /dev/null &)")
+    script = Path(__file__).with_name("watchdog.py").read_text()
+    done = ssh.run(record, pod, start, input=script)
+    if done.returncode != 0:
+        raise RunPodError(f"Could not start the --max-hours watchdog on node {pod['node']}: "
+                          f"{(done.stderr.strip() or 'exit ' + str(done.returncode)).splitlines()[-1]}.")
+    until = time.monotonic() + wait
+    while True:
+        said = watchdog_status(record, pod)
+        if said.startswith("armed"):
+            return
+        if said.startswith("error") or time.monotonic() > until:
+            raise RunPodError(f"The --max-hours watchdog on node {pod['node']} did not arm ({said or 'no word from it'}): "
+                              f"without it nothing ends the pods if this machine goes away.")
+        time.sleep(min(poll_interval(), 1))
 
 
-def _exists(api: RunPodAPI, pod_id: str) -> bool:
+def watchdog_status(record: dict, pod: dict) -> str:
+    """The watchdog's last word (armed, refused, ended, error), `not running` if its process is gone."""
+    where = shlex.quote(watchdog_dir(record, pod))
+    command = (f"s=$(cat {where}/status 2>/dev/null) || exit 0; echo \"$s\"; case $s in armed*) "
+               f"kill -0 \"${{s##* }}\" 2>/dev/null || echo 'not running';; esac")
     try:
-        return api.pod(pod_id) is not None
-    except (Unreachable, KeyRefused):
-        raise
-    except RunPodError:  # "not found" as an error rather than null: gone
-        return False
+        done = ssh.run(record, pod, command, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "no answer over SSH"
+    lines = done.stdout.strip().splitlines()
+    return "not running (its process is gone)" if lines[-1:] == ["not running"] else (lines[0] if lines else "")
 
 
-def terminate_all(api: RunPodAPI, pod_ids: list[str]) -> list[str]:
-    """Terminate the pods, again each round for those still listed (one refused call must not leave a
-    pod billing); return those RunPod still lists after about 12 rounds (none, normally)."""
-    left = still_listed(api, pod_ids)
+# ---- down ----
+def still_listed(api: RunPodAPI, items: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The clusters and pods RunPod still lists: they may still bill."""
+    return [(kind, i) for kind, i in items if (api.cluster(i) if kind == "cluster" else api.pod(i)) is not None]
+
+
+def terminate_all(api: RunPodAPI, items: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], dict]:
+    """Delete each, again each round for those still listed (one refused call must not leave anything
+    billing). Returns what RunPod still lists after about 12 rounds (nothing, normally) and its reasons."""
+    left, reasons = still_listed(api, items), {}
     for _ in range(12):
         if not left:
             break
-        for pod_id in left:
+        for kind, i in left:
             try:
-                api.terminate(pod_id)
-            except RunPodError:
-                pass  # refused this time, or gone meanwhile: the next check tells
+                (api.delete_cluster if kind == "cluster" else api.delete_pod)(i)
+            except NotFound:
+                pass
+            except RunPodError as exc:  # refused this time: the next round tries again, the reason is kept
+                reasons[i] = exc.detail or (f"HTTP {exc.status}" if exc.status else str(exc))
         time.sleep(poll_interval())
         left = still_listed(api, left)
-    return left
+    return left, {i: r for i, r in reasons.items() if any(i == j for _, j in left)}
 
 
 def poll_interval() -> float:
     return float(os.environ.get("PLSCALE_RUNPOD_POLL", "5"))
 
 
-def ours(api: RunPodAPI, state: dict) -> list[str]:
-    """Every pod this tool created: in the state file, or named by it in the account."""
-    ids = [p["id"] for c in state["clusters"].values() for p in c["pods"]]
-    return ids + [p["id"] for p in strays(api, state)]
+def ours(api: RunPodAPI, state: dict) -> list[tuple[str, str]]:
+    """Everything this tool created: in the state file, or named by it in the account."""
+    return [r for c in state["clusters"].values() for r in record_items(c)] + \
+        [(kind, i) for kind, i, _ in strays(api, state)]
 
 
-def strays(api: RunPodAPI, state: dict) -> list[dict]:
-    """Pods named by this tool in the account that the state file does not know (a lost or older one)."""
-    known = {p["id"] for c in state["clusters"].values() for p in c["pods"]}
-    return [p for p in api.myself().get("pods") or [] if OUR_POD.match(p.get("name") or "") and p["id"] not in known]
+def record_items(record: dict) -> list[tuple[str, str]]:
+    return resources(record) + [("cluster", i) for i in record.get("stray_clusters") or []]
+
+
+def strays(api: RunPodAPI, state: dict) -> list[tuple[str, str, str]]:
+    """Pods and clusters named by this tool in the account that the state file does not know."""
+    known = {i for c in state["clusters"].values() for _, i in record_items(c)}
+    known |= {p["id"] for c in state["clusters"].values() for p in c["pods"]}
+    found = [("cluster", c["id"], c.get("name") or "") for c in api.clusters()
+             if OUR_CLUSTER.match(c.get("name") or "") and c["id"] not in known]
+    return found + [("pod", p["id"], p.get("name") or "") for p in api.pods() if not p.get("cluster")
+                    and OUR_POD.match(p.get("name") or "") and p["id"] not in known]
+
+
+def overdue(state: dict) -> list[str]:
+    """A line for each record past its --max-hours: its watchdog should have ended it; `down` makes sure."""
+    now = datetime.now(timezone.utc)
+    return [f"Cluster {name!r} passed its --max-hours at {c['terminate_after']}: its watchdog should have ended it; "
+            f"`plscale runpod down --name {name}` makes sure nothing of it still bills."
+            for name, c in state["clusters"].items()
+            if c.get("terminate_after") and datetime.fromisoformat(c["terminate_after"]) <= now]

@@ -18,9 +18,11 @@ from plscale.errors import UserError
 from plscale.runpod import ssh
 
 ROOT = Path(__file__).resolve().parents[2]
-# Never copied to a pod: results, environments and caches (rsync keeps them on the pod, too).
+# Never copied to a pod: results, environments and caches (rsync keeps them on the pod, too), and secrets:
+# .env files and private keys, which a student may keep in the checkout (a pod is not theirs alone).
 EXCLUDE = ["runs/", ".venv/", "venv/", ".git/", "__pycache__/", "*.egg-info/", ".pytest_cache/", ".plscale/",
-           "node_modules/", "*.pyc"]
+           "node_modules/", "*.pyc", ".env", ".env.*", "*.pem", "*.key", "id_rsa*", "id_ed25519*", "id_ecdsa*",
+           "runpod_api_key"]
 
 
 def project() -> Path:

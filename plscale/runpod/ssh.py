@@ -58,9 +58,11 @@ def argv(cluster: dict, pod: dict, command: str | None = None, tty: bool = False
             *([command] if command else [])]
 
 
-def run(cluster: dict, pod: dict, command: str, timeout: float | None = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(argv(cluster, pod, command), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+def run(cluster: dict, pod: dict, command: str, timeout: float | None = 60,
+        input: str | None = None) -> subprocess.CompletedProcess:
+    """Run `command` on the pod; `input`, if given, is its stdin (else it reads nothing)."""
+    stdin = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
+    return subprocess.run(argv(cluster, pod, command), capture_output=True, text=True, timeout=timeout, **stdin)
 
 
 def answers(cluster: dict, pod: dict) -> bool:
