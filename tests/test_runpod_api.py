@@ -636,3 +636,13 @@ def test_state_writes_keep_the_other_clusters(tmp_path, monkeypatch):
     assert local.load_state() == {"clusters": {"b": {"name": "b", "cluster_id": None, "pods": [{"id": "p3"}],
                                                      "stray_clusters": []}}}
     assert stat.S_IMODE(local.state_file().stat().st_mode) == 0o600
+
+
+def test_a_pod_listed_as_terminated_counts_as_gone(rp):
+    """RunPod may still answer a deleted pod for a while, with status TERMINATED: that is not billing."""
+    rp.fake.terminated_visible = True
+    pod_id = rp.fake.add_pod("plscale-late-0")
+    done = rp("down", "--all", "--yes")
+    assert done.returncode == 0 and "nothing left billing" in done.stdout, done.stderr
+    assert [r["status"] for r in rp.fake.requests if r["path"] == f"/v2/pods/{pod_id}"][-1] == 200  # still answered
+    assert rp.fake.alive() == []

@@ -126,12 +126,6 @@ def drop_cluster(name: str) -> None:
         write_private(state_file(), json.dumps(state, indent=2) + "\n")
 
 
-def keep_pods(cluster: dict, pod_ids: list[str]) -> None:
-    """Keep only these pods of the cluster on record; a cluster left with none leaves the file."""
-    cluster["pods"] = [p for p in cluster["pods"] if p["id"] in pod_ids]
-    put_cluster(cluster) if cluster["pods"] else drop_cluster(cluster["name"])
-
-
 def cluster_of(state: dict, name: str | None) -> dict:
     """The cluster called `name`, or the only one when no name is given."""
     clusters = state["clusters"]

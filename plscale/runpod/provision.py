@@ -242,7 +242,7 @@ def undo(api: RunPodAPI, record: dict, status) -> tuple[list[str], list[tuple[st
         except RunPodError:
             pass  # RunPod unreachable: everything stays in the state file for `down`
     keep(record, left)
-    return [i for _, i in made], left, reasons
+    return [f"{kind} {i}" for kind, i in made], left, reasons
 
 
 def named(api: RunPodAPI, name: str) -> list[tuple[str, str]]:

@@ -76,7 +76,7 @@ def runpod_flow(out: Path) -> Path:
     fig, ax = canvas(11, 3.8, xlim=(0, 11), ylim=(0, 3.8))
     steps = [("login", "API key, mode 600\n(or RUNPOD_API_KEY)"), ("gpus", "types, $/GPU-hour,\nstock"),
              ("up", "shows the cost, asks,\nwaits for SSH"), ("run LAB", "sync, install, run;\nstreams the log"),
-             ("fetch", "runs/ back here;\nplscale report"), ("down", "terminate, check\nnothing billing")]
+             ("fetch", "runs/ back here;\nplscale report"), ("down", "delete, check\nnothing billing")]
     w, gap = 1.6, 0.22
     for i, (cmd, what) in enumerate(steps):
         x = 0.15 + i * (w + gap)
@@ -87,7 +87,7 @@ def runpod_flow(out: Path) -> Path:
     ax.text(0.15, 3.4, "on your laptop: plscale runpod ...", fontsize=13, color=GREY)
     left, right = 0.15 + 2 * (w + gap), 0.15 + 5 * (w + gap) + w
     box(ax, left, 0.75, right - left, 0.55, "pods exist and bill per second", SAND, size=12)
-    box(ax, left, 0.1, right - left, 0.5, "RunPod itself terminates them at --max-hours (set at up)", RED,
+    box(ax, left, 0.1, right - left, 0.5, "a watchdog on each pod ends it at --max-hours (armed at up)", RED,
         "white", size=12)
     ax.text(left - 0.15, 0.7, "cost guard", ha="right", va="center", fontsize=13, weight="bold", color=RED)
     return save(fig, out, "runpod_flow.png")
