@@ -85,11 +85,14 @@ def run_lab(
                                "the planner offers on this machine, which it measures first, --dry-run too), then its "
                                "report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
+    profile: int = typer.Option(None, "--profile", help="Record this step (as metrics.jsonl counts, from 1) with "
+                                "torch.profiler on every rank: a merged trace for Perfetto, a timeline and the "
+                                "overlap figures in the run directory's profile/."),
 ) -> None:
     """Run a lab on N ranks: GPUs over NCCL, or CPU processes over gloo; a JAX lab as one process with N devices."""
     lab, chosen = flow.choose(name, variant, sweep, data_dir)
     opts = Options(gpus, launcher, nodes, hostfile, node_rank, master_addr, master_port, cpu, steps,
-                   list(sets), ds_config, data_dir, max_restarts)
+                   list(sets), ds_config, data_dir, max_restarts, profile)
     if layout and sweep:
         raise UserError("--sweep runs every layout itself: drop --layout.")
     if not sweep:

@@ -44,6 +44,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--ds-config", default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--set", dest="sets", action="append", default=[])
+    parser.add_argument("--profile", type=int, default=None)
     return parser
 
 
@@ -66,11 +67,11 @@ def inputs(lab: Lab, args, entry_file: str, topology: Callable[[], Topology]) ->
     """(settings.json's record, DeepSpeed config): as the host wrote them into --run-dir, or
     resolved here exactly as `plscale lab run` would, on `topology()` (asked only then)."""
     if args.run_dir:
-        if args.variant or args.ds_config or args.steps is not None or args.sets:
-            raise UserError("--run-dir carries the settings: drop --variant, --ds-config, --steps and --set.")
+        if args.variant or args.ds_config or args.steps is not None or args.sets or args.profile is not None:
+            raise UserError("--run-dir carries the settings: drop --variant, --ds-config, --steps, --set and --profile.")
         return read_inputs(Path(args.run_dir))
     variant = lab.variant_for(args.variant, Path(entry_file))
-    run = resolve_run(lab, variant, topology(), args.sets, args.steps, args.ds_config)
+    run = resolve_run(lab, variant, topology(), args.sets, args.steps, args.ds_config, args.profile)
     return run.record(), run.ds_config
 
 

@@ -47,15 +47,17 @@ class Resolved:
     settings: dict
     ds_config: dict
     ds_config_file: str | None = None  # the user's --ds-config, when it replaced the generated one
+    profile: int | None = None         # --profile: the step every rank records (plscale.rank.profile)
 
     def record(self) -> dict:
         """What settings.json says: exactly what the ranks run."""
         return {"lab": self.lab.id, "variant": self.variant.name, "settings": self.settings,
-                "ds_config": self.ds_config_file or "generated from settings.ds"}
+                "ds_config": self.ds_config_file or "generated from settings.ds",
+                **({"profile": self.profile} if self.profile is not None else {})}
 
 
 def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None = None,
-                ds_config_file: str | None = None) -> Resolved:
+                ds_config_file: str | None = None, profile: int | None = None) -> Resolved:
     sets = list(sets)
     if steps is not None:
         if steps < 1:
@@ -75,7 +77,22 @@ def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None
         lab.check_ds_config(config, settings, topology)
     except UserError as exc:
         raise UserError(f"{ds_config_file}: {exc}" if ds_config_file else str(exc)) from None
-    return Resolved(lab, variant, settings, config, ds_config_file)
+    if profile is not None:
+        check_profile(lab, settings, profile)
+    return Resolved(lab, variant, settings, config, ds_config_file, profile)
+
+
+def check_profile(lab: Lab, settings: dict, step: int) -> None:
+    """--profile STEP: a step the run has (from 1: step 0 holds the setup), on a lab torch.profiler can see."""
+    if lab.launcher == "jax":
+        raise UserError(f"--profile records torch ranks; lab {lab.id} runs JAX: use jax.profiler there "
+                        f"(https://docs.jax.dev/en/latest/profiling.html).")
+    steps = flatten(settings).get(lab.steps_setting)
+    if not isinstance(steps, int):
+        raise UserError(f"--profile: lab {lab.id} has no step count ({lab.steps_setting!r}) to profile a step of.")
+    if not 1 <= step < steps:
+        raise UserError(f"--profile {step}: this run's steps are 0 to {steps - 1}; profile one of 1 to {steps - 1} "
+                        f"(step 0 holds the setup and the first-call costs), or raise --steps.")
 
 
 def layout_of(settings: dict, world: int) -> Layout:

@@ -22,12 +22,15 @@ class Metrics:
         self.active = rank == 0
         self.file = open(run_dir / "metrics.jsonl", "a", buffering=1) if self.active else None
         self.cli = os.environ.get("PLSCALE_CLI") == "1"
+        self.profiler = None  # --profile: a plscale.rank.profile.StepProfiler, told of every train step
 
     def close(self) -> None:
         if self.file:
             self.file.close()
 
     def step(self, **fields) -> None:
+        if self.profiler is not None and fields.get("phase", "train") == "train" and "step" in fields:
+            self.profiler.on_step(fields["step"])  # on every rank: each records its own trace
         if self.active:
             self.file.write(json.dumps({"time": round(time.time(), 3), **fields}) + "\n")
 

@@ -25,6 +25,7 @@ from plscale.lab.resolve import Topology
 from plscale.lab.rundir import new_run_dir
 from plscale.rank import distributed, logs
 from plscale.rank.metrics import Metrics
+from plscale.rank.profile import StepProfiler
 from plscale.rank.system import describe
 
 
@@ -40,6 +41,11 @@ class Context(entry.Context):
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def finish(self, figures: list, **extra) -> None:
+        if self.metrics.profiler is not None:  # --profile: every rank's trace merged, its figures added
+            figures = figures + self.metrics.profiler.finish(self.world_size)
+        super().finish(figures, **extra)
 
     def _shutdown(self) -> None:
         distributed.shutdown()
@@ -66,7 +72,10 @@ def start(entry_file: str, argv=None) -> Context:
     if d.rank == 0:
         write_json(run_dir / "system.json", describe(d.backend, d.world_size))
         entry.record_resolved(run_dir, args, record, ds_config)
-    return Context(lab.id, variant, settings, ds_config, run_dir, Metrics(run_dir, d.rank), d.rank, d.world_size,
+    metrics = Metrics(run_dir, d.rank)
+    if record.get("profile") is not None:
+        metrics.profiler = StepProfiler(record["profile"], run_dir, d.rank)
+    return Context(lab.id, variant, settings, ds_config, run_dir, metrics, d.rank, d.world_size,
                    d.local_rank, d.device, d.backend)
 
 

@@ -74,7 +74,7 @@ def prepare(lab: Lab, variant: Variant, opts: Options) -> Prepared:
     wrong fails here, before anything is written."""
     the_plan = plan(lab, variant, opts)
     topology = Topology(the_plan.world_size, the_plan.device)
-    return Prepared(the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config))
+    return Prepared(the_plan, resolve_run(lab, variant, topology, opts.sets, opts.steps, opts.ds_config, opts.profile))
 
 
 def here_only(the_plan: Plan, flag: str) -> None:
@@ -216,7 +216,7 @@ FLAGS = {"--variant": "variant", "-v": "variant", "--gpus": "gpus", "-g": "gpus"
          "--nodes": "nodes", "--hostfile": "hostfile", "--node-rank": "node_rank", "--master-addr": "master_addr",
          "--master-port": "master_port", "--cpu": "cpu", "--steps": "steps", "--set": "sets",
          "--ds-config": "ds_config", "--data-dir": "data_dir", "--max-restarts": "max_restarts",
-         "--layout": "layout", "--sweep": "sweep", "--dry-run": "dry_run"}
+         "--layout": "layout", "--sweep": "sweep", "--dry-run": "dry_run", "--profile": "profile"}
 
 
 class Request(NamedTuple):
@@ -246,13 +246,14 @@ def parse(words: list[str]) -> Request:
         elif dest == "sets":
             parser.add_argument(*names, dest=dest, action="append", default=[])
         else:
-            kind = int if dest in ("gpus", "nodes", "node_rank", "master_port", "steps", "max_restarts") else str
+            kind = int if dest in ("gpus", "nodes", "node_rank", "master_port", "steps", "max_restarts",
+                                   "profile") else str
             parser.add_argument(*names, dest=dest, type=kind,
                                 default={"nodes": 1, "master_addr": "127.0.0.1"}.get(dest))
     args = parser.parse_args(words)
     opts = Options(args.gpus, args.launcher, args.nodes, args.hostfile, args.node_rank, args.master_addr,
                    args.master_port, args.cpu, args.steps, list(args.sets), args.ds_config, args.data_dir,
-                   args.max_restarts)
+                   args.max_restarts, args.profile)
     return Request(args.name, args.variant, opts, args.sweep, args.dry_run, args.layout)
 
 

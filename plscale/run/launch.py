@@ -43,6 +43,7 @@ class Options:
     ds_config: str | None = None
     data_dir: str | None = None
     max_restarts: int | None = None  # torchrun restarts of the whole group; None = the variant's, else 0
+    profile: int | None = None       # a step to record with torch.profiler on every rank (plscale.rank.profile)
 
 
 @dataclass
