@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from plscale import __version__
-from plscale.cli import bench, ckpt, config, course, doctor, estimate, exercise, lab, mesh, plan, report, runpod, slides, viz
+from plscale.cli import bench, ckpt, config, course, doctor, estimate, exercise, lab, mesh, plan, report, runpod, slides, stacks, viz
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -26,6 +26,7 @@ app.command("report")(report.report)
 app.command("mesh")(mesh.mesh)
 app.command("plan")(plan.plan)
 app.command("course")(course.course)
+app.command("stacks")(stacks.stacks)
 
 
 def _version(value: bool) -> None:

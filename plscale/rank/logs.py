@@ -2,8 +2,11 @@
 log (so the console stays readable). A crash leaves rank_N.error for the launcher; a
 restarted attempt renames the earlier one attemptK_rank_N.error."""
 
+import faulthandler
 import logging
 import os
+import signal
+import socket
 import sys
 import traceback
 from pathlib import Path
@@ -45,6 +48,7 @@ def setup(run_dir: Path, rank: int) -> None:
         os.dup2(log.fileno(), 2)
     for name in ("DeepSpeed", "deepspeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    stacks_on_signal(run_dir, rank)
 
     def excepthook(kind, value, tb):
         text = "".join(traceback.format_exception(kind, value, tb))
@@ -58,3 +62,17 @@ def setup(run_dir: Path, rank: int) -> None:
         os._exit(1)  # do not hang in collectives the other ranks will never join
 
     sys.excepthook = excepthook
+
+
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def stacks_on_signal(run_dir: Path, rank: int) -> None:
+    """`plscale stacks RUN`: on SIGUSR1 this rank appends every thread's Python stack to
+    stacks/rank_N.txt (faulthandler: C-level, so it answers even inside a hung collective);
+    pids/rank_N says where to send it."""
+    for folder in ("stacks", "pids"):
+        (run_dir / folder).mkdir(exist_ok=True)
+    out = open(run_dir / "stacks" / f"rank_{rank}.txt", "a", buffering=1)
+    faulthandler.register(STACKS_SIGNAL, file=out, all_threads=True, chain=False)
+    (run_dir / "pids" / f"rank_{rank}").write_text(f"{os.getpid()} {socket.gethostname()}\n")
