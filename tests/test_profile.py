@@ -1,5 +1,5 @@
 """`plscale lab run LAB --profile STEP`: one step recorded on every rank with torch.profiler,
-merged into one trace (plscale/rank/profile.py, plscale/run/trace.py).
+merged into one trace (plscale/rank/profile.py, plscale/rank/trace.py).
 
 First the reader, on traces written by hand whose overlap is known by construction; then the
 real CLI on 2 CPU ranks for the three steps the lessons show: DDP's bucketed all-reduces against
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from conftest import figures, load_summary, only_run, run_cli
-from plscale.run import trace
+from plscale.rank import trace
 
 
 def x(name, ts, dur, tid=1, pid=1, cat="cpu_op", **args):

@@ -43,7 +43,11 @@ def test_stacks_of_a_running_lab(tmp_path):
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=60)
-    done = run_cli("stacks", run_dir, env={"PLSCALE_RUNS_DIR": str(runs)})  # every rank gone now
+    for _ in range(60):  # every rank gone now (the ranks end a moment after the launcher)
+        done = run_cli("stacks", run_dir, env={"PLSCALE_RUNS_DIR": str(runs)})
+        if done.returncode != 0:
+            break
+        time.sleep(0.5)
     assert done.returncode == 2 and "No rank of" in done.stderr and "is running on this machine" in done.stderr
 
 

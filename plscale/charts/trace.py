@@ -1,6 +1,6 @@
 """A profiled step as a picture: per rank, a lane of compute and a lane of communication.
 
-The lanes come from plscale.run.trace.parts (unions of intervals, microseconds); communication
+The lanes come from plscale.rank.trace.parts (unions of intervals, microseconds; `hidden` where both run); communication
 that runs while compute does is drawn in a darker shade, so the overlap (or its absence) is
 what you see, and white is idle.
 """
@@ -17,7 +17,6 @@ def draw(path: Path, per_rank: dict, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from plscale.run.trace import intersect
 
     origin = min(p["window"][0] for p in per_rank.values())
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.8 * len(per_rank)))
@@ -26,7 +25,7 @@ def draw(path: Path, per_rank: dict, title: str) -> None:
         y = len(per_rank) - 1 - row
         ax.broken_barh(ms(p["compute"]), (y + 0.05, 0.4), color=COMPUTE)
         ax.broken_barh(ms(p["comm"]), (y - 0.4, 0.35), color=COMM)
-        ax.broken_barh(ms(intersect(p["compute"], p["comm"])), (y - 0.4, 0.35), color=HIDDEN)
+        ax.broken_barh(ms(p["hidden"]), (y - 0.4, 0.35), color=HIDDEN)
     ax.set_yticks(range(len(per_rank)))
     ax.set_yticklabels([f"rank {r}" for r in sorted(per_rank, reverse=True)])
     ax.set_xlabel("time in the step (ms)")

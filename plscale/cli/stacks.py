@@ -73,17 +73,24 @@ def _live_ranks(run_dir: Path) -> dict[int, int]:
         if host != here:
             elsewhere.append(f"rank {rank} on {host}")
             continue
-        try:
-            os.kill(int(pid), 0)
-        except (ProcessLookupError, ValueError):
-            continue
-        live[rank] = int(pid)
+        if _alive(pid):
+            live[rank] = int(pid)
     if not live:
         where = f" ({', '.join(elsewhere)}: run `plscale stacks` there)" if elsewhere else ""
         ended = "it finished (summary.json)" if (run_dir / "summary.json").is_file() else "it ended"
         raise UserError(f"No rank of {run_dir.name} is running on this machine{where}: {ended}; its logs are "
                         f"rank_N.log in {run_dir}.")
     return live
+
+
+def _alive(pid: str) -> bool:
+    """Running (an exited rank its parent has not reaped yet is a zombie: it answers no signal)."""
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, PermissionError, ValueError):
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().rsplit(")", 1)[-1].split()[:1] == ["Z"])
 
 
 def _size(path: Path) -> int:

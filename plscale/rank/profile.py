@@ -4,7 +4,7 @@ The recording starts when the lab logs step STEP-1 (ctx.metrics.step) and stops 
 step STEP, so it holds exactly step STEP's work on every rank whatever the lab's loop looks
 like, and the other steps run unprofiled. Each rank writes profile/rank{R}.json, torch.profiler's
 Chrome trace (CPU ops, the comm library's threads, and on GPUs the kernels). When the lab
-finishes, rank 0 merges them (plscale.run.trace): profile/trace.json, one process per rank,
+finishes, rank 0 merges them (plscale.rank.trace): profile/trace.json, one process per rank,
 which Perfetto (https://ui.perfetto.dev) and chrome://tracing open; profile/timeline.png; and
 the figures a student looks for, added to the summary: how much of the communication was
 hidden behind compute, each rank's idle time, the slowest rank.
@@ -46,6 +46,6 @@ class StepProfiler:
             dist.barrier()
         if self.rank != 0:
             return []
-        from plscale.run import trace
+        from plscale.rank import trace
 
         return trace.merge_run(self.folder, world_size, self.step)

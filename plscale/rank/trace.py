@@ -177,7 +177,7 @@ def merge_run(folder: Path, world_size: int, step: int) -> list[dict]:
     write_json(folder / "profile.json", {"step": step, "ranks": table, "profiled_step_over_median": cost})
     from plscale.charts import trace as chart
 
-    chart.draw(folder / "timeline.png", per_rank, f"step {step}, every rank: compute and communication")
+    chart.draw(folder / "timeline.png", {r: {**p, "hidden": intersect(p["compute"], p["comm"])} for r, p in per_rank.items()}, f"step {step}, every rank: compute and communication")
     missing = sorted(set(range(world_size)) - set(traces))
     hidden = [s["hidden_fraction"] for s in table.values() if s["hidden_fraction"] is not None]
     slowest = max(table, key=lambda r: table[r]["compute_ms"])
