@@ -85,7 +85,7 @@ def run_lab(
                                "the planner offers on this machine, which it measures first, --dry-run too), then its "
                                "report."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the command and environment; run nothing."),
-    profile: int = typer.Option(None, "--profile", help="Record this step (as metrics.jsonl counts, from 1) with "
+    profile: int = typer.Option(None, "--profile", help="Record this step (numbered as in metrics.jsonl, 1 or later) with "
                                 "torch.profiler on every rank: a merged trace for Perfetto, a timeline and the "
                                 "overlap figures in the run directory's profile/."),
 ) -> None:
