@@ -3,8 +3,9 @@
 Each rank registers faulthandler on SIGUSR1 at start (plscale/rank/logs.py) and records its pid
 in the run directory's pids/. This command sends each live rank the signal and prints what it
 wrote to stacks/rank_N.txt: every thread's stack, most recent call first, so a hung run shows
-which collective each rank is waiting in and which rank is elsewhere. Host side, standard
-library only: no torch import.
+which collective each rank is waiting in and which rank is elsewhere. Then each rank's Flight
+Recorder (plscale/rank/flight.py): its newest collective in each group, by sequence number, and
+the first collective the ranks disagree on, if any. Host side: no torch import.
 """
 
 import os
@@ -48,6 +49,42 @@ def stacks(run: Path = typer.Argument(None, help="A run directory, or a run name
     console.print(f"{len(texts)} of {len(ranks)} rank(s) answered; the stacks are appended to "
                   f"{escape(str(run_dir / 'stacks'))}/." + (f" Silent: rank(s) {', '.join(map(str, silent))}." if silent
                                                              else ""))
+    _flight_recorder(run_dir, ranks, wait)
+
+
+def _flight_recorder(run_dir: Path, ranks: dict[int, int], wait: float) -> None:
+    """Ask each rank for its Flight Recorder record (a write to its FIFO), then read them."""
+    from plscale.run import diagnose
+
+    folder = run_dir / "flight"
+    before = {r: _mtime(folder / f"rank_{r}.pkl") for r in ranks}
+    asked = [r for r in ranks if _ask(folder / f"ask_rank_{r}")]
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(_mtime(folder / f"rank_{r}.pkl") == before[r] for r in asked):
+        time.sleep(0.1)
+    recs = {r: rec for r, rec in diagnose.records(run_dir).items() if r in asked}
+    if not recs:
+        console.print("Flight Recorder: no rank answered (a lab started before plscale kept one, or a "
+                      "filesystem without FIFOs).")
+        return
+    root = Path(__file__).resolve().parents[2]
+    console.rule("Flight Recorder: each rank's newest collective")
+    console.print(escape("\n".join(diagnose.last_collectives(recs, root) + diagnose.disagreement(recs, root, live=True))),
+                  highlight=False)
+
+
+def _ask(fifo: Path) -> bool:
+    try:  # non-blocking: a rank that is gone (no reader) is not waited for
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    os.write(fd, b"?")
+    os.close(fd)
+    return True
+
+
+def _mtime(path: Path) -> float:
+    return path.stat().st_mtime_ns if path.is_file() else 0
 
 
 def _run_dir(run: Path | None) -> Path:
@@ -98,6 +135,7 @@ def _size(path: Path) -> int:
 
 
 def _main_first(text: str) -> str:
-    """faulthandler lists the current thread first; a rank's main thread is what a student reads first."""
-    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
-    return "\n\n".join(sorted(blocks, key=lambda b: "most recent call first" not in b.splitlines()[0]))
+    """The main thread (the one running the script's <module>) first: what a student reads first;
+    plscale's own Flight Recorder thread, always waiting on its FIFO, left out."""
+    blocks = [b for b in text.strip().split("\n\n") if b.strip() and "plscale/rank/flight.py" not in b]
+    return "\n\n".join(sorted(blocks, key=lambda b: " in <module>" not in b))

@@ -5,6 +5,7 @@ import importlib
 import os
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -45,7 +46,7 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0) or 0)
 
 
-def _init_elastic(backend: str, cuda: bool) -> None:
+def _init_elastic(backend: str, cuda: bool, timeout: timedelta) -> None:
     """Under torchrun, the default process group over fresh store keys for each attempt.
 
     torchrun's agent hosts one TCPStore at MASTER_ADDR:MASTER_PORT and keeps it across
@@ -54,7 +55,7 @@ def _init_elastic(backend: str, cuda: bool) -> None:
     TORCHELASTIC_RESTART_COUNT gives each attempt its own keys; deepspeed.init_distributed
     then adopts the group. The store is made as torch's env:// rendezvous makes it.
     """
-    from deepspeed.constants import default_pg_timeout  # deepspeed's timeout, as it would use
+    from deepspeed.constants import default_pg_timeout  # the store waits for slow starters as DeepSpeed would
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -68,10 +69,23 @@ def _init_elastic(backend: str, cuda: bool) -> None:
     if cuda and world_size > 1:  # as DeepSpeed binds the device for NCCL
         kwargs["device_id"] = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=default_pg_timeout, **kwargs)
+                            timeout=timeout, **kwargs)
 
 
-def init() -> Dist:
+FLIGHT_RECORDER_ENTRIES = "2000"  # collectives each process group remembers (torchtitan keeps 20000 on GPUs)
+
+
+def init(timeout_s: float | None = None, debug: str | None = None) -> Dist:
+    """The default process group. `timeout_s`: how long a collective may wait for the other
+    ranks before it raises (DeepSpeed's 30 minutes unless told); `debug`: torch's
+    TORCH_DISTRIBUTED_DEBUG level (DETAIL checks every collective's type and shapes across the
+    ranks before running it). The Flight Recorder is on: each group keeps a ring of its last
+    collectives (sequence number, op, sizes, Python stack), which plscale.rank.logs dumps when a
+    rank fails and `plscale stacks` asks for (plscale.rank.flight)."""
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+    if debug:
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
+        dist.set_debug_level_from_env()
     cuda = device_type() == "cuda"
     if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -79,13 +93,15 @@ def init() -> Dist:
         if threads:
             torch.set_num_threads(threads)
     import deepspeed
+    from deepspeed.constants import default_pg_timeout
 
+    timeout = timedelta(seconds=timeout_s) if timeout_s else default_pg_timeout
     backend = "nccl" if cuda else "gloo"
     if not cuda:
         _skip_shm_build()
     if "TORCHELASTIC_RESTART_COUNT" in os.environ and not dist.is_initialized():
-        _init_elastic(backend, cuda)
-    deepspeed.init_distributed(dist_backend=backend)
+        _init_elastic(backend, cuda, timeout)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
         torch.cuda.set_device(local_rank)

@@ -1,6 +1,8 @@
 """One log per rank: rank 0 writes to the console and rank_0.log, the others only to their
-log (so the console stays readable). A crash leaves rank_N.error for the launcher; a
-restarted attempt renames the earlier one attemptK_rank_N.error."""
+log (so the console stays readable). A crash leaves rank_N.error for the launcher (a
+restarted attempt renames the earlier one attemptK_rank_N.error) and the Flight Recorder's
+record, flight/rank_N.pkl; a rank the launcher terminates (SIGTERM, after another rank failed)
+leaves its Python stack in stacks/rank_N.txt. plscale/run/diagnose.py reads them all."""
 
 import faulthandler
 import logging
@@ -53,6 +55,13 @@ def setup(run_dir: Path, rank: int) -> None:
     def excepthook(kind, value, tb):
         text = "".join(traceback.format_exception(kind, value, tb))
         (run_dir / f"rank_{rank}.error").write_text(text)
+        if "torch.distributed" in sys.modules and not issubclass(kind, UserError):
+            try:  # which collectives this rank had issued: the other half of a timeout's story
+                from plscale.rank import flight
+
+                flight.dump(run_dir, rank)
+            except Exception:
+                pass
         if issubclass(kind, UserError):
             print(f"error: {value}", file=sys.stderr)
             sys.stderr.flush()
@@ -75,4 +84,6 @@ def stacks_on_signal(run_dir: Path, rank: int) -> None:
         (run_dir / folder).mkdir(exist_ok=True)
     out = open(run_dir / "stacks" / f"rank_{rank}.txt", "a", buffering=1)
     faulthandler.register(STACKS_SIGNAL, file=out, all_threads=True, chain=False)
+    # the launcher terminates the other ranks when one fails: each says where it was, then dies as before
+    faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
     (run_dir / "pids" / f"rank_{rank}").write_text(f"{os.getpid()} {socket.gethostname()}\n")

@@ -23,7 +23,7 @@ from plscale.files import write_json
 from plscale.lab import entry
 from plscale.lab.resolve import Topology
 from plscale.lab.rundir import new_run_dir
-from plscale.rank import distributed, logs
+from plscale.rank import distributed, flight, logs
 from plscale.rank.metrics import Metrics
 from plscale.rank.profile import StepProfiler
 from plscale.rank.system import describe
@@ -65,9 +65,11 @@ def start(entry_file: str, argv=None) -> Context:
         record, ds_config = entry.inputs(lab, args, entry_file, _topology)
     variant, settings = record["variant"], record["settings"]
 
-    d = distributed.init()
+    knobs = settings.get("dist", {})  # a lab may set them: {timeout_s: 20, debug: DETAIL} (lab 12)
+    d = distributed.init(knobs.get("timeout_s"), knobs.get("debug"))
     run_dir = Path(args.run_dir) if args.run_dir else _shared_run_dir(lab.id, variant, d.rank)
     logs.setup(run_dir, d.rank)
+    flight.answer_requests(run_dir, d.rank)  # `plscale stacks` asks every rank for its Flight Recorder record
     distributed.seed_everything(int(settings.get("seed", 0)))
     if d.rank == 0:
         write_json(run_dir / "system.json", describe(d.backend, d.world_size))

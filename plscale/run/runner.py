@@ -1,7 +1,8 @@
 """Run a launch plan: stream rank 0 live, keep the launcher's log, stop every rank on
 Ctrl-C, and when a rank fails, show that rank's last lines.
 
-Ranks write their own logs (rank_N.log) and, when they crash, rank_N.error; rank 0 prints
+Ranks write their own logs (rank_N.log) and, when they crash, rank_N.error and their Flight
+Recorder record (plscale/run/diagnose.py names the rank and the call from them); rank 0 prints
 `PLSCALE_PROGRESS {json}` lines that become a live progress bar here.
 """
 
@@ -17,13 +18,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from plscale.lab.rundir import clear_node_scratch
+from plscale.run import diagnose
 from plscale.run.launch import Plan
 
 PROGRESS = "PLSCALE_PROGRESS "
 # The launchers' and DeepSpeed's own start-up chatter: kept in launcher.log, not shown.
 CHATTER = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:,]+\] \[(INFO|WARNING)\] \[(real_accelerator|runner|launch|"
                      r"constants|multinode_runner|comm|config_utils|logging)\.py|^W\d{4} .*torch/distributed|"
-                     r"^\*{20,}|^Setting OMP_NUM_THREADS|^  warnings\.warn|^\S*torch/distributed/run\.py")
+                     r"^\*{20,}|^Setting OMP_NUM_THREADS|^USDT:.*Profiler|^  warnings\.warn|^\S*torch/distributed/run\.py")
 
 
 def run(plan: Plan, run_dir: Path, console: Console) -> int:
@@ -93,6 +95,12 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def _report_failure(run_dir: Path, code: int, console: Console) -> None:
+    summary = run_dir / "summary.json"
+    if summary.is_file():  # the ranks finished: what failed is a check the lab asserts, not a rank
+        failed = [c for c in json.loads(summary.read_text()).get("checks", []) if not c["ok"]]
+        console.print(f"[bold red]The run finished, but {len(failed)} check(s) failed[/] (exit code {code}): "
+                      + "; ".join(c["name"] for c in failed), highlight=False)
+        return
     failed = sorted(run_dir.glob("rank_*.error"), key=lambda p: int(p.stem.split("_")[1]))
     console.print(f"[bold red]The run failed (exit code {code}).[/] Logs: {run_dir}")
     if failed:
@@ -103,6 +111,11 @@ def _report_failure(run_dir: Path, code: int, console: Console) -> None:
     else:
         console.print("[red]last lines of the launcher's output:[/]")
         console.print(_tail(run_dir / "launcher.log"), markup=False, highlight=False)
+    diagnosis = diagnose.lines(run_dir, Path(__file__).resolve().parents[2])
+    if diagnosis:
+        console.print("[bold red]Diagnosis[/] (diagnosis.txt; every rank's stack under stacks/, the Flight "
+                      "Recorder's records under flight/):")
+        console.print("\n".join(diagnosis), markup=False, highlight=False)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -1,0 +1,60 @@
+"""The Flight Recorder's record of this rank, written into the run directory.
+
+torch keeps, in every process group, a ring of its last collectives (TORCH_FR_BUFFER_SIZE
+entries, set by plscale.rank.distributed.init): each one's sequence number in its group, op,
+tensor sizes, state and the Python stack that issued it. A hang is ranks disagreeing on that
+sequence: one rank waits in collective #7 while another never issued it, or issued a barrier
+as its #7. The record says which, where NCCL and gloo only say "timed out".
+
+    flight/rank_N.pkl     this rank's record, as torch dumps it (a pickle of plain data), written
+                          when the rank fails (plscale.rank.logs) or when `plscale stacks` asks
+    flight/ask_rank_N     a FIFO: whoever writes to it gets a fresh flight/rank_N.pkl
+
+The host reads them (plscale/run/diagnose.py) and runs torch's own analyser on them
+(python -m torch.distributed.flight_recorder.fr_trace, as torchtitan's docs/debugging.md does).
+Asking through a FIFO, answered by a thread, works while the main thread is blocked inside a
+collective, where a Python signal handler would never run.
+"""
+
+import os
+import threading
+from pathlib import Path
+
+
+def dump(run_dir: Path, rank: int) -> bool:
+    """Write this rank's record; False when there is none (no process group, recorder off)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return False
+    record = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True, onlyActive=False)
+    folder = Path(run_dir) / "flight"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".rank_{rank}.pkl"
+    tmp.write_bytes(record)
+    tmp.replace(folder / f"rank_{rank}.pkl")  # whole or not at all: the host may be reading
+    return True
+
+
+def answer_requests(run_dir: Path, rank: int) -> None:
+    """A daemon thread that dumps the record each time someone writes to flight/ask_rank_N."""
+    folder = Path(run_dir) / "flight"
+    folder.mkdir(exist_ok=True)
+    fifo = folder / f"ask_rank_{rank}"
+    fifo.unlink(missing_ok=True)
+    try:
+        os.mkfifo(fifo)
+    except OSError:  # a filesystem without FIFOs: the record is still dumped when the rank fails
+        return
+
+    def serve() -> None:
+        while True:
+            with open(fifo, "rb") as asked:  # blocks (without the GIL) until a writer comes
+                asked.read()
+            try:
+                dump(run_dir, rank)
+            except Exception:  # a dump must never take the rank down
+                pass
+
+    threading.Thread(target=serve, name="plscale-flight-recorder", daemon=True).start()
