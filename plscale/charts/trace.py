@@ -17,7 +17,6 @@ def draw(path: Path, per_rank: dict, title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-
     origin = min(p["window"][0] for p in per_rank.values())
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.8 * len(per_rank)))
     ms = lambda spans: [((s - origin) / 1e3, (e - s) / 1e3) for s, e in spans]  # noqa: E731
@@ -29,10 +28,10 @@ def draw(path: Path, per_rank: dict, title: str) -> None:
     ax.set_yticks(range(len(per_rank)))
     ax.set_yticklabels([f"rank {r}" for r in sorted(per_rank, reverse=True)])
     ax.set_xlabel("time in the step (ms)")
-    ax.set_title(title, loc="left")
+    ax.set_title(title, loc="left", pad=22)  # room for the legend between the title and the bars
     ax.legend(handles=[Patch(color=COMPUTE, label="compute"), Patch(color=COMM, label="communication or waiting for a peer, exposed"),
                        Patch(color=HIDDEN, label="communication, hidden behind compute")],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False, fontsize=9)
+              loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=3, frameon=False, fontsize=9)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

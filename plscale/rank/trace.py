@@ -13,7 +13,10 @@ named `nccl...`. From them, per rank and over the step:
 - hidden: the part of communication that runs while compute does, i.e. overlapped;
 - idle: the rest of the step, when neither runs (waiting on another rank, or on Python).
 
-The slowest rank is the one with the most compute: the others wait for it in the collectives.
+The slowest rank is the one the others wait for: it arrives last at each collective, so it spends
+the least time in them (whether it was computing, sleeping or loading data meanwhile: time
+outside any recorded op counts as idle, not compute). Durations, not clocks, so this holds
+across machines too.
 Traces of ranks on one machine share a clock; ranks on several machines are drawn each from
 its own start. Standard library only (the picture: plscale.charts.trace).
 """
@@ -180,7 +183,8 @@ def merge_run(folder: Path, world_size: int, step: int) -> list[dict]:
     chart.draw(folder / "timeline.png", {r: {**p, "hidden": intersect(p["compute"], p["comm"])} for r, p in per_rank.items()}, f"step {step}, every rank: compute and communication")
     missing = sorted(set(range(world_size)) - set(traces))
     hidden = [s["hidden_fraction"] for s in table.values() if s["hidden_fraction"] is not None]
-    slowest = max(table, key=lambda r: table[r]["compute_ms"])
+    slowest = min(table, key=lambda r: (table[r]["comm_ms"], -table[r]["compute_ms"]))
+    waits = [table[r]["comm_ms"] - table[slowest]["comm_ms"] for r in table if r != slowest]
     idlest = max(table, key=lambda r: table[r]["idle_ms"])
     note = "profile/trace.json: open in https://ui.perfetto.dev" + (
         f"; no trace from rank(s) {', '.join(map(str, missing))} (another node's run dir)" if missing else "")
@@ -188,7 +192,9 @@ def merge_run(folder: Path, world_size: int, step: int) -> list[dict]:
     if hidden:
         figures.append(figure("communication hidden behind compute", round(100 * statistics.mean(hidden), 1), "%",
                               note="mean over ranks of the profiled step"))
-    figures += [figure("slowest rank (most compute)", slowest, note=f"{table[slowest]['compute_ms']:.1f} ms compute"),
+    figures += [figure("slowest rank (the others wait for it)", slowest,
+                       note=f"the others spend {statistics.mean(waits) if waits else 0:.1f} ms more in collectives; "
+                            f"it computes {table[slowest]['compute_ms']:.1f} ms"),
                 figure("most idle rank", idlest, note=f"{table[idlest]['idle_ms']:.1f} ms idle of "
                                                       f"{table[idlest]['step_ms']:.1f} ms")]
     if cost is not None:

@@ -143,6 +143,8 @@ def launch(prepared: Prepared, console: Console | None = None, command: list[str
     console.print(f"run directory: {run_dir}")
     code = runner.run(the_plan, run_dir, console)
     if code != 0:
+        if (run_dir / "summary.json").is_file():  # finished with a failed check: its figures still count
+            report(run_dir, console)
         raise RunFailed(code, run_dir)
     return run_dir
 
