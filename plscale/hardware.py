@@ -55,6 +55,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something on this machine already listens on `port` (the rendezvous could not bind it)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds: a closing socket is no obstacle
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
 def memory_available(device: str) -> int | None:
     """Bytes free for buffers: the host's MemAvailable on CPU, the smallest GPU's total on CUDA
     (nvidia-smi); None when it cannot be told."""

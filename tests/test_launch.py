@@ -203,3 +203,16 @@ def test_torchrun_restarts_the_group_after_a_rank_dies(tmp_path):
     assert summary["passed"] and summary["restart_count"] == 1
     attempts = [json.loads(line)["attempt"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert attempts == [0, 1]  # metrics.jsonl is appended to: both attempts are there
+
+
+def test_a_master_port_in_use_is_refused_before_launch(mnist):
+    """torch's store would fail with EADDRINUSE after the ranks started; the plan says so first."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(UserError, match=f"--master-port {port} is in use on this machine"):
+            planned(*mnist, Options(gpus=2, master_port=port), gpus_present=[])
+    assert planned(*mnist, Options(gpus=2, master_port=port), gpus_present=[]).master_port == port  # free again

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from plscale.errors import UserError
-from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable
+from plscale.hardware import cpu_cores, cuda_gpus, free_port, hub_reachable, port_in_use
 from plscale.lab.jaxenv import (
     DEVICE_COUNT,
     has_cuda_plugin,
@@ -99,6 +99,9 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
     port = opts.master_port
     if port is not None and not 1 <= port <= 65535:
         raise UserError(f"--master-port {port}: use a port from 1 to 65535 (29500 is the usual one).")
+    if port is not None and opts.nodes == 1 and port_in_use(port):  # the store would fail with EADDRINUSE
+        raise UserError(f"--master-port {port} is in use on this machine (see `ss -ltnp 'sport = :{port}'`: often "
+                        f"an earlier run's launcher): leave --master-port out and plscale picks a free port.")
     if not opts.master_addr.strip() or any(c.isspace() for c in opts.master_addr):
         raise UserError(f"--master-addr {opts.master_addr!r}: give node 0's host name or IP address.")
     gpus = cuda_gpus() if gpus_present is None else gpus_present
