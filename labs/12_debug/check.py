@@ -1,0 +1,24 @@
+"""Checks of the debugging lab's settings (no torch): fail in one line before launch."""
+
+from plscale.errors import UserError
+
+LEVELS = ("", "OFF", "INFO", "DETAIL")  # torch's TORCH_DISTRIBUTED_DEBUG
+
+
+def check(settings: dict, topology) -> None:
+    train, debug, knobs = settings["train"], settings["debug"], settings["dist"]
+    for key in ("steps", "micro_batch"):
+        if train[key] < 1:
+            raise UserError(f"train.{key} {train[key]}: use 1 or more.")
+    if not -topology.world_size <= debug["rank"] < topology.world_size:
+        raise UserError(f"debug.rank {debug['rank']}: there are {topology.world_size} ranks; use 0 to "
+                        f"{topology.world_size - 1}, or -1 for the last.")
+    if not 0 <= debug["step"] <= train["steps"]:
+        raise UserError(f"debug.step {debug['step']}: the run has {train['steps']} steps (train.steps); use 1 to "
+                        f"{train['steps']}, or run more steps with --steps.")
+    if debug["slow_ms"] < 0 or debug["pace"] < 1:
+        raise UserError("debug.slow_ms takes 0 or more milliseconds, debug.pace a factor of 1 or more.")
+    if knobs["timeout_s"] <= 0:
+        raise UserError(f"dist.timeout_s {knobs['timeout_s']}: use a positive number of seconds, such as 20.")
+    if str(knobs["debug"]).upper() not in LEVELS:
+        raise UserError(f"dist.debug {knobs['debug']!r}: use OFF, INFO or DETAIL (TORCH_DISTRIBUTED_DEBUG).")

@@ -1,0 +1,129 @@
+"""Lab 12 (debug): each failure variant runs from the CLI on 2 CPU ranks and ends, within its
+timeout, with a diagnosis that names the guilty rank and the call; bad settings are refused
+before launch. And the diagnosis's reader on Flight Recorder records made by hand, checked
+against torch's own analyser (torch.distributed.flight_recorder), an independent reading."""
+
+import pickle
+import time
+
+import pytest
+
+from conftest import figures, load_summary, only_run, run_cli
+from plscale.run import diagnose
+
+
+def launch(tmp_path, *args, timeout=240):
+    runs = tmp_path / "runs"
+    started = time.monotonic()
+    done = run_cli("lab", "run", *args, "--gpus", "2", "--cpu", env={"PLSCALE_RUNS_DIR": str(runs), "COLUMNS": "240"},
+                   timeout=timeout)
+    return done, only_run(runs), time.monotonic() - started
+
+
+def checks(run_dir) -> dict:
+    return {c["name"]: c for c in load_summary(run_dir)["checks"]}
+
+
+@pytest.mark.e2e
+def test_a_skipped_collective_ends_in_a_timeout_that_names_the_rank(tmp_path):
+    """Rank 1 skips step 3: nothing fails there (gloo pairs collectives by order), the hang comes at
+    the end; the 10 s timeout ends it, and the Flight Recorder names where rank 1 parted."""
+    done, run_dir, seconds = launch(tmp_path, "hang", "--steps", "6", "--set", "debug.step=3",
+                                    "--set", "dist.timeout_s=10")
+    out = done.stdout
+    assert done.returncode != 0, out[-3000:]
+    assert "collective #" in out and "rank(s) 1 issued barrier where the others issued all_gather" in out, out[-4000:]
+    assert "labs/12_debug/debug.py" in out and "Culprit rank 1" in out, out[-4000:]
+    assert "rank 1: labs/12_debug/debug.py" in (run_dir / "diagnosis.txt").read_text()
+    assert sorted(p.name for p in (run_dir / "flight").glob("rank_*.pkl")) == ["rank_0.pkl", "rank_1.pkl"]
+    # the first rank to time out exits; the other then reads a closed connection, or times out too
+    assert any("Timed out" in p.read_text() for p in run_dir.glob("rank_*.error"))
+    assert seconds < 10 + 150, f"ended {seconds:.0f} s after launch: the timeout did not end it"
+
+
+@pytest.mark.e2e
+def test_mismatched_shapes_are_named_in_one_line(tmp_path):
+    done, run_dir, _ = launch(tmp_path, "mismatch", "--steps", "3")
+    assert done.returncode != 0
+    [line] = [l for l in done.stdout.splitlines() if l.startswith("collective #")]
+    # the first layer (512 x 784 weights) frozen on rank 1 only: its bucket is that much smaller
+    full = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert f"of [{full}]" in line and f"of [{full - 784 * 512}]" in line and "DETAIL" in line, line
+    assert "rank 0" in line and "rank 1" in line
+
+
+@pytest.mark.e2e
+def test_a_straggler_is_named_by_the_run_and_by_the_trace(tmp_path):
+    done, run_dir, _ = launch(tmp_path, "straggler", "--steps", "6", "--profile", "4")
+    assert done.returncode == 1, done.stdout[-3000:]  # the pace check fails; the others pass
+    c = checks(run_dir)
+    assert not c["ranks keep pace"]["ok"] and "the slowest, rank 1" in c["ranks keep pace"]["detail"]
+    assert c["replicas identical"]["ok"] and c["gradients finite before the all-reduce"]["ok"]
+    f = figures(load_summary(run_dir))
+    assert f["slowest rank"]["value"] == 1
+    assert f["slowest rank (the others wait for it)"]["value"] == 1  # from the merged trace alone
+    # rank 0 waits for rank 1's 100 ms sleep in the all-reduce
+    assert f["others' wait for the averaged gradient"]["value"] > 50
+    assert (run_dir / "pace.png").stat().st_size > 5_000 and (run_dir / "profile" / "timeline.png").is_file()
+
+
+@pytest.mark.e2e
+def test_a_nan_from_one_rank_is_caught_before_the_weights(tmp_path):
+    done, run_dir, _ = launch(tmp_path, "nan", "--steps", "6", "--set", "debug.step=2")
+    assert done.returncode == 1
+    c = checks(run_dir)
+    finite = c["gradients finite before the all-reduce"]
+    assert not finite["ok"] and finite["detail"].startswith("step 2: rank 1:") and "dataset rows" in finite["detail"]
+    assert c["weights finite on every rank"]["ok"] and c["replicas identical"]["ok"]
+    assert figures(load_summary(run_dir))["non-finite gradient"]["value"] == 1
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1  # step 1 taken, step 2 not
+
+
+@pytest.mark.parametrize("setting, message", [("debug.rank=2", "debug.rank 2: there are 2 ranks"),
+                                              ("debug.step=99", "debug.step 99"),
+                                              ("dist.debug=LOUD", "dist.debug 'LOUD'"),
+                                              ("dist.timeout_s=0", "dist.timeout_s 0")])
+def test_bad_settings_are_refused_before_launch(tmp_path, setting, message):
+    runs = tmp_path / "runs"
+    done = run_cli("lab", "run", "debug", "--gpus", "2", "--cpu", "--set", setting, env={"PLSCALE_RUNS_DIR": str(runs)})
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not runs.exists() or not list(runs.iterdir())
+
+
+def entry(seq, op, sizes, line, pg=("0", "default_pg")):
+    return {"collective_seq_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": sizes, "output_sizes": sizes,
+            "input_dtypes": ["Float"] * len(sizes), "output_dtypes": ["Float"] * len(sizes), "process_group": pg,
+            "pg_id": 0, "record_id": seq - 1, "op_id": seq, "p2p_seq_id": 0, "is_p2p": False, "state": "scheduled",
+            "retired": False, "thread_id": "1", "thread_name": "python3", "time_created_ns": seq,
+            "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "timeout_ms": 10000,
+            "frames": [{"name": op, "filename": "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py",
+                        "line": 1}, {"name": "<module>", "filename": "/lab/train.py", "line": line}]}
+
+
+def dump(entries, world=3):
+    return {"version": "2.10", "comm_lib_version": "gloo", "entries": entries,
+            "pg_config": {"": {"name": "", "desc": "", "ranks": str(list(range(world)))}},
+            "pg_status": {"0": {"last_enqueued_collective": entries[-1]["collective_seq_id"],
+                                "last_started_collective": -1, "last_completed_collective": -1}}}
+
+
+def test_the_reader_names_the_rank_that_parts_and_agrees_with_torch(tmp_path):
+    """3 ranks, 4 all-reduces each; rank 2 skipped one, so its #4 is the barrier after the loop
+    while ranks 0 and 1 issue their 4th all-reduce. torch's analyser finds the same collective and
+    the same mismatch; it blames relative to the rank it reads first, the reader by majority."""
+    loop = [entry(s, "all_reduce", [[100]], 10) for s in range(1, 5)]
+    recs = {0: dump(loop), 1: dump(loop), 2: dump(loop[:3] + [entry(4, "barrier", [], 20)])}
+    (tmp_path / "flight").mkdir()
+    for rank, rec in recs.items():
+        (tmp_path / "flight" / f"rank_{rank}.pkl").write_bytes(pickle.dumps(rec))
+    lines = diagnose.lines(tmp_path, None)
+    assert lines[0] == ("collective #4 of group default_pg is where the ranks part: rank(s) 2 issued barrier "
+                        "where the others issued all_reduce of [100]")
+    assert "  rank 2: barrier at /lab/train.py:20 (<module>)" in lines
+    assert "  Collective sequence number: 4 has errors" in lines
+    assert any("COLLECTIVE_TYPE_MISMATCH" in line and "'barrier'" in line and "'all_reduce'" in line
+               for line in lines), lines
+    # a live run where rank 2 has simply not issued #4 yet is not a disagreement
+    behind = {**recs, 2: dump(loop[:3])}
+    assert diagnose.disagreement(behind, live=True) == []
+    assert "rank 2: never issued it (its last was #3)" in "\n".join(diagnose.disagreement(behind))
