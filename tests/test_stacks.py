@@ -39,6 +39,10 @@ def test_stacks_of_a_running_lab(tmp_path):
         # each rank's stack goes through the lab's own script, and names its main thread first
         for block in done.stdout.split("rank 1 (pid"):
             assert "labs/04_zero/train.py" in block and "most recent call first" in block, block[-2000:]
+        # then each rank's newest collective, from its Flight Recorder, asked through its FIFO
+        flight = done.stdout.split("Flight Recorder: each rank's newest collective")[-1]
+        assert "rank 0: group " in flight and "rank 1: group " in flight, done.stdout[-2000:]
+        assert (run_dir / "flight" / "rank_0.pkl").is_file() and (run_dir / "flight" / "rank_1.pkl").is_file()
         assert lab.poll() is None, "a rank that answered keeps running"
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
