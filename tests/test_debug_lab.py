@@ -39,6 +39,8 @@ def test_a_skipped_collective_ends_in_a_timeout_that_names_the_rank(tmp_path):
     # the first rank to time out exits; the other then reads a closed connection, or times out too
     assert any("Timed out" in p.read_text() for p in run_dir.glob("rank_*.error"))
     assert seconds < 10 + 150, f"ended {seconds:.0f} s after launch: the timeout did not end it"
+    report = run_cli("report", run_dir)  # later, the report says why it did not finish
+    assert report.returncode == 2 and "It failed: collective #" in report.stderr, report.stderr
 
 
 @pytest.mark.e2e

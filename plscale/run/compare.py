@@ -94,8 +94,11 @@ def load_run(path: Path, label: str = "", need_summary: bool = True) -> Run:
         if node:
             raise UserError(f"{path} is node {node.group(1)}'s copy of a run, without the summary: node 0's run "
                             f"directory holds it ({path.parent.parent / path.name} once fetched: plscale runpod fetch).")
+        diagnosis = path / "diagnosis.txt"  # written by `plscale lab run` when the ranks failed
+        why = f" It failed: {diagnosis.read_text().splitlines()[0]} (all of it in {diagnosis})." \
+            if diagnosis.is_file() and diagnosis.read_text().strip() else ""
         raise UserError(f"{path} has no summary.json: the run did not finish (or is still running). "
-                        f"See {path / 'rank_0.log'}.")
+                        f"See {path / 'rank_0.log'}.{why}")
     settings = read_json_object(path / "settings.json", DAMAGED)
     system = read_json_object(path / "system.json", DAMAGED) if (path / "system.json").is_file() else {}
     summary = read_json_object(summary_path, DAMAGED) if summary_path.is_file() else None
