@@ -54,11 +54,12 @@ def stacks(run: Path = typer.Argument(None, help="A run directory, or a run name
 
 def _flight_recorder(run_dir: Path, ranks: dict[int, int], wait: float) -> None:
     """Ask each rank for its Flight Recorder record (a write to its FIFO), then read them."""
+    from plscale.lab.rundir import asking_dir
     from plscale.run import diagnose
 
     folder = run_dir / "flight"
     before = {r: _mtime(folder / f"rank_{r}.pkl") for r in ranks}
-    asked = [r for r in ranks if _ask(folder / f"ask_rank_{r}")]
+    asked = [r for r in ranks if _ask(asking_dir(run_dir) / f"ask_rank_{r}")]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and any(_mtime(folder / f"rank_{r}.pkl") == before[r] for r in asked):
         time.sleep(0.1)

@@ -9,6 +9,7 @@ import hashlib
 import os
 import shlex
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +60,15 @@ def node_scratch(run_dir: Path) -> Path:
 
 def clear_node_scratch(run_dir: Path) -> None:
     shutil.rmtree(node_scratch(run_dir), ignore_errors=True)
+    shutil.rmtree(asking_dir(run_dir), ignore_errors=True)
+
+
+def asking_dir(run_dir: Path) -> Path:
+    """Where this node's ranks of a run keep the FIFOs `plscale stacks` writes to (plscale/rank/flight.py):
+    in the temporary directory, not the run directory, which is copied and synced (a FIFO is not a file)."""
+    run_dir = Path(run_dir).resolve()
+    digest = hashlib.sha1(str(run_dir).encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"plscale-ask-{run_dir.name}-{digest}"
 
 
 def write_inputs(run_dir: Path, plan, resolved, command: list[str]) -> None:

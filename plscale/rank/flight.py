@@ -8,7 +8,9 @@ as its #7. The record says which, where NCCL and gloo only say "timed out".
 
     flight/rank_N.pkl     this rank's record, as torch dumps it (a pickle of plain data), written
                           when the rank fails (plscale.rank.logs) or when `plscale stacks` asks
-    flight/ask_rank_N     a FIFO: whoever writes to it gets a fresh flight/rank_N.pkl
+    ask_rank_N            a FIFO in the temporary directory (plscale.lab.rundir.asking_dir: a run
+                          directory holds plain files only, it is copied and synced): whoever
+                          writes to it gets a fresh flight/rank_N.pkl
 
 The host reads them (plscale/run/diagnose.py) and runs torch's own analyser on them
 (python -m torch.distributed.flight_recorder.fr_trace, as torchtitan's docs/debugging.md does).
@@ -37,16 +39,17 @@ def dump(run_dir: Path, rank: int) -> bool:
     return True
 
 
-def answer_requests(run_dir: Path, rank: int) -> None:
-    """A daemon thread that dumps the record each time someone writes to flight/ask_rank_N."""
-    folder = Path(run_dir) / "flight"
-    folder.mkdir(exist_ok=True)
-    fifo = folder / f"ask_rank_{rank}"
-    fifo.unlink(missing_ok=True)
+def answer_requests(run_dir: Path, rank: int) -> Path | None:
+    """A daemon thread that dumps the record each time someone writes to this rank's FIFO; the FIFO."""
+    from plscale.lab.rundir import asking_dir
+
+    fifo = asking_dir(run_dir) / f"ask_rank_{rank}"
     try:
+        fifo.parent.mkdir(parents=True, exist_ok=True)
+        fifo.unlink(missing_ok=True)
         os.mkfifo(fifo)
-    except OSError:  # a filesystem without FIFOs: the record is still dumped when the rank fails
-        return
+    except OSError:  # no FIFOs here: the record is still dumped when the rank fails
+        return None
 
     def serve() -> None:
         while True:
@@ -58,3 +61,4 @@ def answer_requests(run_dir: Path, rank: int) -> None:
                 pass
 
     threading.Thread(target=serve, name="plscale-flight-recorder", daemon=True).start()
+    return fifo
