@@ -94,7 +94,7 @@ def test_ddp_buckets_overlap_the_backward(tmp_path, shared_data):
     check_every_rank(merged, "gloo:all_reduce")
     assert all(r["hidden_ms"] > 0 for r in per_rank.values()), per_rank
     assert 0 < f["communication hidden behind compute"]["value"] <= 100
-    assert f["profiled step"]["value"] == 2 and f["slowest rank (the others wait for it)"]["value"] in (0, 1)
+    assert f["profiled step"]["value"] == 2
 
 
 @pytest.mark.e2e

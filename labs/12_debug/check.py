@@ -20,5 +20,5 @@ def check(settings: dict, topology) -> None:
         raise UserError("debug.slow_ms takes 0 or more milliseconds, debug.pace a factor of 1 or more.")
     if knobs["timeout_s"] <= 0:
         raise UserError(f"dist.timeout_s {knobs['timeout_s']}: use a positive number of seconds, such as 20.")
-    if str(knobs["debug"]).upper() not in LEVELS:
+    if knobs["debug"] is not False and str(knobs["debug"]).upper() not in LEVELS:  # YAML reads OFF as false
         raise UserError(f"dist.debug {knobs['debug']!r}: use OFF, INFO or DETAIL (TORCH_DISTRIBUTED_DEBUG).")

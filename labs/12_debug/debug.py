@@ -160,9 +160,11 @@ ctx.check("ranks keep pace", not lagging,
 if ctx.is_main:
     pace_chart(ctx.run_dir / "pace.png", compute_ms, wait_ms, f"{variant}: where each rank's step goes "
                f"({N} ranks, {ctx.backend})")
-ctx.finish([figure("slowest rank", slowest, "", note=f"computes {ratio:.2f}x the others' median")] * lagging  # a straggler's
-           + [figure("compute per step, slowest rank", round(compute_ms[slowest], 2), "ms"),
-              figure("compute per step, the others' median", round(median, 2), "ms"),
-              figure("others' wait for the averaged gradient", round(others_wait, 2), "ms")]
-           + ([figure("non-finite gradient", caught["ranks"][0], "rank", note=f"step {caught['step']}")] if caught else []),
-           data=data.source, real_data=data.real, plots=["pace.png"])
+figures = [figure("compute per step, slowest rank", round(compute_ms[slowest], 2), "ms"),
+           figure("compute per step, the others' median", round(median, 2), "ms"),
+           figure("others' wait for the averaged gradient", round(others_wait, 2), "ms")]
+if lagging:  # which rank is the slowest is a figure only when one lags
+    figures.insert(0, figure("slowest rank", slowest, "", note=f"computes {ratio:.2f}x the others' median"))
+if caught:
+    figures.append(figure("non-finite gradient", caught["ranks"][0], "rank", note=f"step {caught['step']}"))
+ctx.finish(figures, data=data.source, real_data=data.real, plots=["pace.png"])

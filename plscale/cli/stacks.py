@@ -57,13 +57,13 @@ def _flight_recorder(run_dir: Path, ranks: dict[int, int], wait: float) -> None:
     from plscale.lab.rundir import asking_dir
     from plscale.run import diagnose
 
-    folder = run_dir / "flight"
+    folder = run_dir / "flight" / "live"
     before = {r: _mtime(folder / f"rank_{r}.pkl") for r in ranks}
     asked = [r for r in ranks if _ask(asking_dir(run_dir) / f"ask_rank_{r}")]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline and any(_mtime(folder / f"rank_{r}.pkl") == before[r] for r in asked):
         time.sleep(0.1)
-    recs = {r: rec for r, rec in diagnose.records(run_dir).items() if r in asked}
+    recs = {r: rec for r, rec in diagnose.records(run_dir, "flight/live").items() if r in asked}
     if not recs:
         console.print("Flight Recorder: no rank answered (a lab started before plscale kept one, or a "
                       "filesystem without FIFOs).")

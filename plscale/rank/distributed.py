@@ -83,8 +83,10 @@ def init(timeout_s: float | None = None, debug: str | None = None) -> Dist:
     collectives (sequence number, op, sizes, Python stack), which plscale.rank.logs dumps when a
     rank fails and `plscale stacks` asks for (plscale.rank.flight)."""
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+    if debug is False:  # `--set dist.debug=OFF`: YAML reads OFF as false
+        debug = "OFF"
     if debug:
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = str(debug).upper()
         dist.set_debug_level_from_env()
     cuda = device_type() == "cuda"
     if not cuda:

@@ -7,7 +7,8 @@ sequence: one rank waits in collective #7 while another never issued it, or issu
 as its #7. The record says which, where NCCL and gloo only say "timed out".
 
     flight/rank_N.pkl     this rank's record, as torch dumps it (a pickle of plain data), written
-                          when the rank fails (plscale.rank.logs) or when `plscale stacks` asks
+                          when the rank fails (plscale.rank.logs)
+    flight/live/rank_N.pkl  the same, each time `plscale stacks` asks
     ask_rank_N            a FIFO in the temporary directory (plscale.lab.rundir.asking_dir: a run
                           directory holds plain files only, it is copied and synced): whoever
                           writes to it gets a fresh flight/rank_N.pkl
@@ -23,16 +24,19 @@ import threading
 from pathlib import Path
 
 
-def dump(run_dir: Path, rank: int) -> bool:
-    """Write this rank's record; False when there is none (no process group, recorder off)."""
+def dump(run_dir: Path, rank: int, folder: str = "flight") -> bool:
+    """Write this rank's record into `folder` of the run directory (flight/ when it fails,
+    flight/live/ when asked); False when there is none (no process group, or a torch without the
+    recorder's dump: it is private API, checked on torch 2.13)."""
     import torch
     import torch.distributed as dist
 
-    if not dist.is_available() or not dist.is_initialized():
+    dumper = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+    if dumper is None or not dist.is_available() or not dist.is_initialized():
         return False
-    record = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True, onlyActive=False)
-    folder = Path(run_dir) / "flight"
-    folder.mkdir(exist_ok=True)
+    record = dumper(includeCollectives=True, onlyActive=False)
+    folder = Path(run_dir) / folder
+    folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".rank_{rank}.pkl"
     tmp.write_bytes(record)
     tmp.replace(folder / f"rank_{rank}.pkl")  # whole or not at all: the host may be reading
@@ -56,7 +60,7 @@ def answer_requests(run_dir: Path, rank: int) -> Path | None:
             with open(fifo, "rb") as asked:  # blocks (without the GIL) until a writer comes
                 asked.read()
             try:
-                dump(run_dir, rank)
+                dump(run_dir, rank, "flight/live")
             except Exception:  # a dump must never take the rank down
                 pass
 

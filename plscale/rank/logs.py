@@ -2,7 +2,8 @@
 log (so the console stays readable). A crash leaves rank_N.error for the launcher (a
 restarted attempt renames the earlier one attemptK_rank_N.error) and the Flight Recorder's
 record, flight/rank_N.pkl; a rank the launcher terminates (SIGTERM, after another rank failed)
-leaves its Python stack in stacks/rank_N.txt. plscale/run/diagnose.py reads them all."""
+or that crashes leaves its Python stack in stacks/rank_N.exit.txt. plscale/run/diagnose.py
+reads them all."""
 
 import faulthandler
 import logging
@@ -35,10 +36,11 @@ class _Tee:
 
 
 def setup(run_dir: Path, rank: int) -> None:
-    stale = run_dir / f"rank_{rank}.error"
-    if stale.exists():  # an earlier attempt's (torchrun --max-restarts): kept, under another name
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 1) or 1) - 1
-        stale.replace(run_dir / f"attempt{attempt}_rank_{rank}.error")
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 1) or 1) - 1
+    for stale in (run_dir / f"rank_{rank}.error", run_dir / "flight" / f"rank_{rank}.pkl",
+                  run_dir / "stacks" / f"rank_{rank}.exit.txt"):
+        if stale.exists():  # an earlier attempt's (torchrun --max-restarts): kept, under another name
+            stale.replace(stale.with_name(f"attempt{attempt}_{stale.name}"))
     log = open(run_dir / f"rank_{rank}.log", "a", buffering=1)
     if rank == 0:
         sys.stdout = _Tee(sys.__stdout__, log)
@@ -84,6 +86,9 @@ def stacks_on_signal(run_dir: Path, rank: int) -> None:
         (run_dir / folder).mkdir(exist_ok=True)
     out = open(run_dir / "stacks" / f"rank_{rank}.txt", "a", buffering=1)
     faulthandler.register(STACKS_SIGNAL, file=out, all_threads=True, chain=False)
-    # the launcher terminates the other ranks when one fails: each says where it was, then dies as before
-    faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)
+    # where the rank was when it ended: terminated by the launcher after another rank failed (then it
+    # dies as before), or crashed (SIGABRT, SIGSEGV...); plscale/run/diagnose.py reads it
+    at_exit = open(run_dir / "stacks" / f"rank_{rank}.exit.txt", "w", buffering=1)
+    faulthandler.register(signal.SIGTERM, file=at_exit, all_threads=True, chain=True)
+    faulthandler.enable(file=at_exit, all_threads=True)
     (run_dir / "pids" / f"rank_{rank}").write_text(f"{os.getpid()} {socket.gethostname()}\n")

@@ -65,6 +65,13 @@ def start(entry_file: str, argv=None) -> Context:
         record, ds_config = entry.inputs(lab, args, entry_file, _topology)
     variant, settings = record["variant"], record["settings"]
 
+    # On GPUs NCCL's watchdog dumps the Flight Recorder itself on a timeout, where no Python handler
+    # of this rank would run (not yet tried on a GPU here)
+    if args.run_dir and distributed.device_type() == "cuda":
+        folder = Path(args.run_dir) / "flight"
+        folder.mkdir(exist_ok=True)
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder / "rank_"))
     knobs = settings.get("dist", {})  # a lab may set them: {timeout_s: 20, debug: DETAIL} (lab 12)
     d = distributed.init(knobs.get("timeout_s"), knobs.get("debug"))
     run_dir = Path(args.run_dir) if args.run_dir else _shared_run_dir(lab.id, variant, d.rank)

@@ -30,15 +30,35 @@ MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\
 FIELDS = re.compile(r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=([^,]*(?:\[[^\]]*\])?)")
 
 
-def records(run_dir: Path) -> dict[int, dict]:
-    """rank -> its Flight Recorder dump (plain dicts and lists)."""
+class _PlainData(pickle.Unpickler):
+    """The dumps are dicts, lists, strings and numbers: anything else (a class to build, code to
+    run, in a run directory fetched from elsewhere) is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def records(run_dir: Path, folder: str = "flight") -> dict[int, dict]:
+    """rank -> its Flight Recorder dump, from `folder` of the run directory: flight/ (written when a
+    rank failed, this attempt's: plscale.rank.logs moves an earlier attempt's aside) or flight/live/
+    (asked for by `plscale stacks`). NCCL's own dumps (TORCH_NCCL_DUMP_ON_TIMEOUT) are rank_N."""
     found = {}
-    for path in sorted((Path(run_dir) / "flight").glob("rank_*.pkl")):
+    for path in sorted((Path(run_dir) / folder).glob("rank_*")):
+        rank = path.name.removeprefix("rank_").removesuffix(".pkl")
+        if not rank.isdigit():
+            continue
         try:
-            found[int(path.stem.removeprefix("rank_"))] = pickle.loads(path.read_bytes())
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            with open(path, "rb") as f:
+                found[int(rank)] = _PlainData(f).load()
+        except Exception:  # half-written, damaged, or not plain data: left out, never trusted
             continue
     return found
+
+
+def started(run_dir: Path) -> set[int]:
+    """The ranks that started (each wrote pids/rank_N at start)."""
+    return {int(p.name.removeprefix("rank_")) for p in (Path(run_dir) / "pids").glob("rank_*")
+            if p.name.removeprefix("rank_").isdigit()}
 
 
 def caller(frames: list[dict], root: Path | None = None) -> str:
@@ -61,18 +81,26 @@ def _op(entry: dict) -> str:
     return f"{entry['profiling_name'].split(':')[-1]}" + (f" of [{sizes}]" if sizes else "")
 
 
+def group_label(group) -> str:
+    """A process group as the recorder names it: (name, description); every new_group() is
+    described "undefined", so the name (its number) tells groups apart."""
+    name, desc = group
+    return f"{desc} (group {name})" if desc and desc != "undefined" else f"group {name}"
+
+
 def disagreement(recs: dict[int, dict], root: Path | None = None, live: bool = False) -> list[str]:
     """The first collective of each group the ranks disagree on, and who issued what. `live`: the
     run is still going, so a collective some rank has not issued yet is not a disagreement."""
     out = []
-    groups = sorted({tuple(e["process_group"]) for r in recs.values() for e in r.get("entries", [])})
-    for group in groups:
-        issued = {rank: {e["collective_seq_id"]: e for e in r.get("entries", []) if tuple(e["process_group"]) == group
+    groups = sorted({e["process_group"][0]: tuple(e["process_group"]) for r in recs.values()
+                     for e in r.get("entries", [])}.items())
+    for key, group in groups:
+        issued = {rank: {e["collective_seq_id"]: e for e in r.get("entries", []) if e["process_group"][0] == key
                          and not e.get("is_p2p")} for rank, r in recs.items()}
         issued = {rank: seqs for rank, seqs in issued.items() if seqs}
         if len(issued) < 2:
             continue
-        name = group[1] or group[0]
+        name = group_label(group)
         last = {rank: max(seqs) for rank, seqs in issued.items()}
         first = max(min(seqs) for seqs in issued.values())  # the ring may have dropped older entries
         for seq in range(first, max(last.values()) + 1):
@@ -82,9 +110,10 @@ def disagreement(recs: dict[int, dict], root: Path | None = None, live: bool = F
             votes = Counter(ops.values())
             common = max(votes, key=lambda op: (votes[op], -min(r for r, o in ops.items() if o == op)))
             odd = sorted(r for r, op in ops.items() if op != common)
-            out.append(f"collective #{seq} of group {name} is where the ranks part: rank(s) "
-                       f"{', '.join(map(str, odd))} issued {', '.join(sorted({str(ops[r]) for r in odd}))} where "
-                       f"the others issued {common or 'nothing yet'}")
+            said = lambda op: op or "nothing"  # noqa: E731 (None: that rank never issued it)
+            out.append(f"collective #{seq} of {name} is where the ranks part: rank(s) "
+                       f"{', '.join(map(str, odd))} issued {', '.join(sorted({said(ops[r]) for r in odd}))} where "
+                       f"the others issued {said(common)}")
             for rank, op in sorted(ops.items()):
                 if op is None:
                     out.append(f"  rank {rank}: never issued it (its last was #{last[rank]})")
@@ -115,12 +144,12 @@ def last_collectives(recs: dict[int, dict], root: Path | None = None) -> list[st
     for rank, rec in sorted(recs.items()):
         newest = {}
         for e in rec.get("entries", []):
-            key = e["process_group"][1] or e["process_group"][0]
+            key = e["process_group"][0]
             if key not in newest or e["collective_seq_id"] >= newest[key]["collective_seq_id"]:
                 newest[key] = e
-        for group, e in sorted(newest.items()):
-            out.append(f"  rank {rank}: group {group} #{e['collective_seq_id']} {_op(e)}, {e['state']}, at "
-                       f"{caller(e.get('frames', []), root)}")
+        for _, e in sorted(newest.items()):
+            out.append(f"  rank {rank}: {group_label(e['process_group'])} #{e['collective_seq_id']} {_op(e)}, "
+                       f"{e['state']}, at {caller(e.get('frames', []), root)}")
     return out
 
 
@@ -139,7 +168,7 @@ def mismatch(run_dir: Path) -> list[str]:
 
 def where(run_dir: Path, root: Path | None = None) -> dict[int, str]:
     """rank -> the last line of the lab's own code each rank was in: from its traceback, or the
-    stack faulthandler wrote when the launcher terminated it."""
+    stack faulthandler wrote when the rank was terminated or crashed (stacks/rank_N.exit.txt)."""
     out = {}
     tb_line = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
     for path in Path(run_dir).glob("rank_*.error"):
@@ -149,13 +178,15 @@ def where(run_dir: Path, root: Path | None = None) -> dict[int, str]:
         error = error if len(error) < 160 else error.split(". ")[0] + " (...)"
         out[int(path.stem.split("_")[1])] = f"{caller(frames[::-1], root)}: {error[:160]}"
     fh_line = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
-    for path in (Path(run_dir) / "stacks").glob("rank_*.txt"):
-        rank = int(path.stem.split("_")[1])
-        blocks = [b for b in path.read_text(errors="replace").split("\n\n") if "most recent call first" in b]
+    for path in (Path(run_dir) / "stacks").glob("rank_*.exit.txt"):
+        rank = int(path.name.split("_")[1].split(".")[0])
+        text = path.read_text(errors="replace")
+        blocks = [b for b in text.split("\n\n") if "most recent call first" in b]
         if rank not in out and blocks:
             main = next((b for b in reversed(blocks) if "Current thread" in b), blocks[-1])
             frames = [{"filename": f, "line": int(n), "name": fn} for f, n, fn in fh_line.findall(main)]
-            out[rank] = f"{caller(frames, root)}: terminated while there"
+            fatal = re.search(r"Fatal Python error: (.*)", text)  # a crash (SIGABRT, SIGSEGV); else a SIGTERM
+            out[rank] = f"{caller(frames, root)}: " + (fatal.group(1) if fatal else "terminated while there")
     return out
 
 
@@ -167,34 +198,43 @@ def torch_verdict(run_dir: Path, recs: dict[int, dict]) -> list[str]:
     folder = Path(run_dir) / "flight" / "for_analyser"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    members = {}  # group name -> the ranks whose records hold it (gloo's pg_config may say '[]')
     for rank, rec in recs.items():
-        groups = {tuple(e["process_group"]) for e in rec.get("entries", [])}
-        config = dict(rec.get("pg_config", {}))
-        if "" in config:
-            ranks = config.pop("")["ranks"]
-            for name, desc in groups:
-                config.setdefault(name, {"name": name, "desc": desc, "ranks": ranks})
+        for e in rec.get("entries", []):
+            members.setdefault(tuple(e["process_group"]), set()).add(rank)
+    for rank, rec in recs.items():
+        config = {k: v for k, v in rec.get("pg_config", {}).items() if k}
+        for (name, desc), ranks in members.items():
+            config.setdefault(name, {"name": name, "desc": desc, "ranks": str(sorted(ranks))})
         (folder / f"rank_{rank}").write_bytes(pickle.dumps({**rec, "pg_config": config}))
     try:
         done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder),
                                "-p", "rank_", "--allow-incomplete-ranks"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    text = (done.stdout + "\n" + done.stderr).splitlines()  # it reports through logging, on stderr
-    keep = [line for line in text if line.startswith(("Collective sequence number", "collective:", "error msg",
-                                                      "input sizes"))]
-    (Path(run_dir) / "flight" / "analysis.txt").write_text(done.stdout + done.stderr)
-    return [f"  {line}" for line in keep[:8]]
+    text = done.stdout + "\n" + done.stderr  # it reports through logging, on stderr
+    (Path(run_dir) / "flight" / "analysis.txt").write_text(text)
+    keep = []
+    for block in re.split(r"\n(?=Collective sequence number)", text):  # its verdicts, each a block
+        if block.startswith("Collective sequence number") and "has errors" in block:
+            keep += [line for line in block.splitlines() if line.startswith(
+                ("Collective sequence number", "group info", "collective:", "input sizes", "error msg"))]
+    return [f"  {line}" for line in keep[:10]]
 
 
 def lines(run_dir: Path, root: Path | None = None) -> list[str]:
     """The diagnosis, line by line (empty when the records say nothing); also written to diagnosis.txt."""
     run_dir = Path(run_dir)
     recs = records(run_dir)
-    out = mismatch(run_dir) or disagreement(recs, root)
-    verdict = torch_verdict(run_dir, recs) if recs and not mismatch(run_dir) else []
-    if verdict:
-        out += ["torch's Flight Recorder analyser (flight/analysis.txt):"] + verdict
+    named = mismatch(run_dir)
+    out = named or disagreement(recs, root)
+    if out and not named:  # the records disagree: torch's analyser on the same records
+        verdict = torch_verdict(run_dir, recs)
+        out += ["torch's Flight Recorder analyser (flight/analysis.txt):"] + verdict if verdict else []
+    silent = sorted(started(run_dir) - set(recs)) if out and not named else []
+    if silent:
+        out.append(f"no Flight Recorder record from rank(s) {', '.join(map(str, silent))} (killed before it could "
+                   f"write one: see stacks/rank_N.exit.txt)")
     places = where(run_dir, root)
     if places:
         out += ["where each rank was:"] + [f"  rank {r}: {places[r]}" for r in sorted(places)]
