@@ -68,9 +68,8 @@ def _flight_recorder(run_dir: Path, ranks: dict[int, int], wait: float) -> None:
         console.print("Flight Recorder: no rank answered (a lab started before plscale kept one, or a "
                       "filesystem without FIFOs).")
         return
-    root = Path(__file__).resolve().parents[2]
     console.rule("Flight Recorder: each rank's newest collective")
-    console.print(escape("\n".join(diagnose.last_collectives(recs, root) + diagnose.disagreement(recs, root, live=True))),
+    console.print(escape("\n".join(diagnose.last_collectives(recs) + diagnose.disagreement(recs, live=True))),
                   highlight=False)
 
 

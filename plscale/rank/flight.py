@@ -11,7 +11,7 @@ as its #7. The record says which, where NCCL and gloo only say "timed out".
     flight/live/rank_N.pkl  the same, each time `plscale stacks` asks
     ask_rank_N            a FIFO in the temporary directory (plscale.lab.rundir.asking_dir: a run
                           directory holds plain files only, it is copied and synced): whoever
-                          writes to it gets a fresh flight/rank_N.pkl
+                          writes to it gets a fresh flight/live/rank_N.pkl
 
 The host reads them (plscale/run/diagnose.py) and runs torch's own analyser on them
 (python -m torch.distributed.flight_recorder.fr_trace, as torchtitan's docs/debugging.md does).

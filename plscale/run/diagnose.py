@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]  # paths under the checkout are shown relative to it
 LIBRARIES = ("site-packages", "dist-packages", "/lib/python")  # frames inside torch, deepspeed, the stdlib
 MISMATCH = re.compile(r"Detected mismatch between collectives on ranks\. Rank (\d+) is running collective: "
                       r"CollectiveFingerPrint\((.*?)\), but Rank (\d+) is running collective: CollectiveFingerPrint\((.*?)\)")
@@ -61,7 +62,7 @@ def started(run_dir: Path) -> set[int]:
             if p.name.removeprefix("rank_").isdigit()}
 
 
-def caller(frames: list[dict], root: Path | None = None) -> str:
+def caller(frames: list[dict], root: Path | None = ROOT) -> str:
     """The frames outside the libraries (frames come innermost first), outermost first: the lab's
     line, then the shared helper it called that issued the collective."""
     ours = [f for f in frames if not any(part in f["filename"] for part in LIBRARIES)]
@@ -88,7 +89,7 @@ def group_label(group) -> str:
     return f"{desc} (group {name})" if desc and desc != "undefined" else f"group {name}"
 
 
-def disagreement(recs: dict[int, dict], root: Path | None = None, live: bool = False) -> list[str]:
+def disagreement(recs: dict[int, dict], root: Path | None = ROOT, live: bool = False) -> list[str]:
     """The first collective of each group the ranks disagree on, and who issued what. `live`: the
     run is still going, so a collective some rank has not issued yet is not a disagreement."""
     out = []
@@ -138,7 +139,7 @@ def _counts(issued: dict[int, dict], upto: int) -> list[str]:
     return out
 
 
-def last_collectives(recs: dict[int, dict], root: Path | None = None) -> list[str]:
+def last_collectives(recs: dict[int, dict], root: Path | None = ROOT) -> list[str]:
     """Each rank's newest collective per group: where a live run's ranks are, by the recorder."""
     out = []
     for rank, rec in sorted(recs.items()):
@@ -166,7 +167,7 @@ def mismatch(run_dir: Path) -> list[str]:
     return []
 
 
-def where(run_dir: Path, root: Path | None = None) -> dict[int, str]:
+def where(run_dir: Path, root: Path | None = ROOT) -> dict[int, str]:
     """rank -> the last line of the lab's own code each rank was in: from its traceback, or the
     stack faulthandler wrote when the rank was terminated or crashed (stacks/rank_N.exit.txt)."""
     out = {}
@@ -222,7 +223,7 @@ def torch_verdict(run_dir: Path, recs: dict[int, dict]) -> list[str]:
     return [f"  {line}" for line in keep[:10]]
 
 
-def lines(run_dir: Path, root: Path | None = None) -> list[str]:
+def lines(run_dir: Path, root: Path | None = ROOT) -> list[str]:
     """The diagnosis, line by line (empty when the records say nothing); also written to diagnosis.txt."""
     run_dir = Path(run_dir)
     recs = records(run_dir)

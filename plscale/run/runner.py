@@ -111,7 +111,7 @@ def _report_failure(run_dir: Path, code: int, console: Console) -> None:
     else:
         console.print("[red]last lines of the launcher's output:[/]")
         console.print(_tail(run_dir / "launcher.log"), markup=False, highlight=False)
-    diagnosis = diagnose.lines(run_dir, Path(__file__).resolve().parents[2])
+    diagnosis = diagnose.lines(run_dir)
     if diagnosis:
         console.print("[bold red]Diagnosis[/] (diagnosis.txt; every rank's stack under stacks/, the Flight "
                       "Recorder's records under flight/):")
