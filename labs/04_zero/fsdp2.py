@@ -23,9 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from plscale.predict import fsdp as predict
-from plscale.predict.cluster import gpu_of_device
 from plscale.predict.memory import MODEL_STATES
-from plscale.predict.presets import flops_per_token, param_count, preset
+from plscale.predict.presets import param_count, preset
 from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import follows, largest_gap, reference_losses, step_by_step
@@ -37,6 +36,7 @@ from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.optim import optimizer
 from plscale.rank.tally import Tally
+from plscale.rank.utilization import Utilization
 from plscale.strategies.fsdp import census, fully_shard
 
 ctx = runtime.start(__file__)
@@ -72,6 +72,7 @@ ctx.log(f"model: Llama-shaped {S['model']['preset']!r}, Ψ = {psi:,} parameters 
         f"{compiled}\n"
         f"  after to_empty this rank holds {held / MiB:.3f} MiB of parameters (the whole model: {4 * psi / MiB:.3f})")
 opt = optimizer(model.parameters(), ds)   # torch's AdamW with the run's values, on the shards
+util = Utilization(ctx, config, seq, tokens_per_step, precision)   # MFU's peak, measured once a machine
 
 # ---- Training; one step's collectives counted as torch dispatches them, and two censuses -------
 census_step = min(S["memory"]["census_step"], steps - 1)
@@ -96,7 +97,7 @@ for step in range(steps):
     dist.all_reduce(loss_sum)
     losses.append(loss_sum.item() / (N * accum))
     times.append(time.perf_counter() - t0)
-    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], tokens_per_s=tokens_per_step / times[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"FSDP2{'' if reshard else ', no reshard'}{f', HSDP {R} x {N // R}' if R > 1 else ''}",
                          step + 1, steps, f"loss {losses[-1]:.4f}")
 
@@ -135,18 +136,15 @@ if ctx.is_main:
     tolerance = 2 ** -9 if precision == "bf16" else None   # bf16 compute against fp32: within bf16's unit roundoff
     ctx.check(*(follows("FSDP2 follows the dense model's loss", losses, dense, tolerance) if tolerance
                 else follows("FSDP2 follows the dense model's loss", losses, dense)))
-    counted_step = [t for i, t in enumerate(times) if i not in (0, census_step)] or times
-    step_s = statistics.median(counted_step)
+    timed = [t for i, t in enumerate(times) if i not in (0, census_step)] or times   # the census counts calls
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("largest loss gap", float(f"{gap:.3g}"), "relative", None, f"against the dense model, {parity} "
                        f"steps"),
-                figure("step time", round(step_s, 4), "s", None, "median, without the first and the counted step"),
+                figure("step time", round(statistics.median(timed), 4), "s", None,
+                       "median, without the first and the counted step"),
                 figure("first step", round(times[0], 3), "s", None, "torch.compile's compilation included"
                        if S["fsdp"]["compile"] else "eager"),
-                figure("throughput", round(tokens_per_step / step_s, 1), "tokens/s", None, "all ranks")]
-    if dev.type == "cuda" and (gpu := gpu_of_device(torch.cuda.get_device_name(dev))):
-        mfu = flops_per_token(config, seq) * tokens_per_step / step_s / (N * gpu.peak("bf16"))
-        figures.append(figure("MFU", round(100 * mfu, 2), "%", None, f"vs {gpu.peak('bf16') / 1e12:g} TFLOPS bf16"))
+                *util.figures(timed)]
     ctx.log("\nbeside it: plscale lab run zero3 with the same --gpus and --set: the same weights and batches")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
            preset=S["model"]["preset"], model=config.to_dict(), seq=seq, micro_batch=micro, grad_accum=accum,

@@ -23,9 +23,8 @@ import torch
 import torch.distributed as dist
 
 from plscale.predict import memory
-from plscale.predict.cluster import gpu_of_device
 from plscale.predict.memory import LABELS, MODEL_STATES
-from plscale.predict.presets import flops_per_token, preset
+from plscale.predict.presets import preset
 from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
 from plscale.rank.against_prediction import largest_error, memory_table, mib_figure, per_rank, within
@@ -35,6 +34,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.memory import per_rank_mib
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size
@@ -65,9 +65,12 @@ ctx.log(f"model: Llama-shaped '{S['model']['preset']}', Ψ = {psi:,} parameters 
         f"{' + parameter offload' if setup.offload_param else ''} on {N} ranks, {setup.precision}")
 
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+util = Utilization(ctx, config, seq, tokens_per_step, setup.precision)  # MFU's peak, measured once a machine
 
 # ---- Training; the census in the middle of step `census_step` -------------------------
-census_step = min(S["memory"]["census_step"], steps - 1)
+# The comms logger waits for every collective to finish (on GPUs too): it logs the first fifth
+# of the steps only, and those and the census step are left out of the throughput.
+census_step, logged = min(S["memory"]["census_step"], steps - 1), max(1, steps // 5)
 comm_before, losses, times, measured, act_bytes = comms.snapshot(), [], [], {}, 0
 for step in range(steps):
     t0 = time.perf_counter()
@@ -86,9 +89,11 @@ for step in range(steps):
     dist.all_reduce(loss_sum)
     losses.append(loss_sum.item() / (N * accum))
     times.append(time.perf_counter() - t0)
-    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], tokens_per_s=tokens_per_step / times[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"ZeRO-{stage}", step + 1, steps, f"loss {losses[-1]:.4f}")
-comm_per_step = comms.per_step(comm_before, comms.snapshot(), steps)  # {op: Traffic}, scalars left out
+    if step + 1 == logged:
+        comm_per_step = comms.per_step(comm_before, comms.stop(), logged)  # {op: Traffic}, scalars left out
+timed = times[max(logged, census_step + 1):] or times[-1:]
 
 # ---- Validation perplexity: every rank runs the same number of forwards (ZeRO-3 gathers) --
 engine.eval()
@@ -133,24 +138,17 @@ if ctx.is_main:
     ctx.check(*within("each model state matches the model on each rank", pairs(MODEL_STATES),
                       S["memory"]["term_tolerance"]))
 
-    ctx.log("\nper step, by collective (DeepSpeed comms logger):" if comms.enabled() else
+    logger_on = ds.get("comms_logger", {}).get("enabled")
+    ctx.log(f"\nper step, by collective (DeepSpeed comms logger, first {logged} steps):" if logger_on else
             "\n(comms logger off: set ds.comms_logger=true for bytes per collective)")
     for op, traffic in sorted(comm_per_step.items()):
         ctx.log(f"  {op:28}{traffic.bytes / MiB:10.2f} MiB{traffic.calls:9.3g} calls")
-    warm = times[len(times) // 5:] or times
-    tok_s = tokens_per_step / (sum(warm) / len(warm))
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("validation perplexity", round(val_ppl, 2), "", None, f"{usable} blocks of {seq} tokens"),
-                figure("throughput", round(tok_s, 1), "tokens/s", None, "mean after the first 20% of steps"),
                 figure("communication per step", round(sum(t.bytes for t in comm_per_step.values()) / MiB, 3), "MiB",
                        None, "all collectives, as logged by rank 0"),
-                figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU")]
-    if dev.type == "cuda":
-        gpu = gpu_of_device(torch.cuda.get_device_name(dev))  # the peak `plscale plan` uses
-        if gpu:
-            mfu = flops_per_token(config, seq) * tok_s / (N * gpu.peak("bf16"))
-            figures.append(figure("MFU", round(100 * mfu, 2), "%", None,
-                                  f"vs {gpu.peak('bf16') / 1e12:g} TFLOPS bf16 dense per GPU"))
+                figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU"),
+                *util.figures(timed)]
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
            preset=S["model"]["preset"], model=config.to_dict(), seq=seq, micro_batch=micro, grad_accum=accum,
            stage=stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,

@@ -34,6 +34,7 @@ from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
 from plscale.rank.models.llama_pieces import piece_names
+from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
@@ -88,7 +89,7 @@ if engine_name == "deepspeed":  # DeepSpeed builds its own groups: they must be 
     ctx.check("DeepSpeed's groups are the mesh's", bool(same.item()), "pp and dp ranks equal on every rank")
 
 # ---- Training; activations in flight counted during one step ------------------------------
-steps = S["train"]["steps"]
+steps, util = S["train"]["steps"], Utilization(ctx, config, seq, micro * m * dp * seq, S["ds"]["precision"])
 census_step = min(S["memory"]["census_step"], steps - 1)
 losses, times, peak = [], [], 0
 for step in range(steps):
@@ -97,7 +98,7 @@ for step in range(steps):
         losses.append(engine.step(batch(step, m)))
     times.append(time.perf_counter() - t0)
     peak = acts.peak if step == census_step else peak
-    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], tokens_per_s=micro * m * dp * seq / times[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"{engine_name} {schedule}", step + 1, steps, f"loss {losses[-1]:.4f}")
 last_ops = engine.ops
 
@@ -203,7 +204,7 @@ if ctx.is_main:
     at_m = next((r for r in rows if r["m"] == m), None)
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("step time", round(step_s, 4), "s", None, f"median after the first quarter; m={m}"),
-                figure("throughput", round(micro * m * dp * seq / step_s, 1), "tokens/s", None, "all replicas")]
+                *util.figures(warm, "all replicas")]
     if at_m:
         figures.append(figure(f"bubble at m={m}", round(100 * at_m["measured"], 1), "%", round(100 * at_m["theory"], 1),
                               "idle share of step time, mean over stages"))

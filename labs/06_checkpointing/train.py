@@ -38,6 +38,7 @@ from plscale.strategies.checkpoint import dcp, sealed, strategies
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 from plscale.lab.rundir import node_scratch
 
 
@@ -91,6 +92,7 @@ if got.step >= steps:
 
 # ---- Training, checkpointing after every optimizer step that asks for one -----------------
 recovery_s, losses = None, {}
+util = Utilization(ctx, config, seq, micro * accum * N * seq, S["ds"]["precision"])
 for step in range(got.step, steps):
     fault.maybe_inject(ctx.run_dir, step, S["fault"], ctx.rank)
     t0 = time.perf_counter()
@@ -107,7 +109,7 @@ for step in range(got.step, steps):
     if crash and recovery_s is None:
         recovery_s = time.time() - crash["time"]
     ctx.metrics.step(step=step, loss=losses[step], step_time_s=took, attempt=attempt,
-                     ckpt_stall_s=saved.stall_s if saved else 0.0, tokens_per_s=micro * accum * N * seq / took)
+                     ckpt_stall_s=saved.stall_s if saved else 0.0, **util.of_step(took))
     ctx.metrics.progress(f"train ({saver.name})", step + 1, steps, f"loss {losses[step]:.4f}")
 records = saver.finish()
 sealed.on_main(shutil.rmtree, local, True)  # under `plscale lab run` the host clears it even after a crash
@@ -154,7 +156,8 @@ if ctx.is_main and records:
                 figure("steps lost on a crash, predicted mean", lost, "steps", None, "every / 2 + steps in flight"),
                 figure("Young interval, predicted", round(young / step_s), "steps", None,
                        f"MTBF {C['mtbf_hours']:g} h, this run's stall and step"),
-                figure("training step", round(1e3 * step_s, 1), "ms", None, "median, without checkpoints")]
+                figure("training step", round(1e3 * step_s, 1), "ms", None, "median, without checkpoints"),
+                *util.figures(train_s, "all ranks; every attempt's steps")]
 elif ctx.is_main:
     ctx.log(f"\nno checkpoint in this run: it trained {max(0, steps - got.step)} steps, and checkpoints every "
             f"{C['every']}")

@@ -45,6 +45,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 from plscale.strategies.tensor_parallel import operators as ops, side_by_side
 from plscale.strategies.tensor_parallel.llama import TensorParallelLlama
 
@@ -98,14 +99,15 @@ def train_step(step: int, measure: bool):
     for i, (x, y) in enumerate(micro_batches):
         loss = engine(x, y)
         engine.backward(loss)
-        total += loss.item()
+        total += loss.detach().float()   # read once a step, not once a micro-batch: .item() waits
         if measure and i == len(micro_batches) - 1:
             counted = census(zero_states(engine))
         engine.step()
-    return total / accum, counted
+    return total.item() / accum, counted
 
 
 steps, census_step = S["train"]["steps"], S["memory"]["census_step"]
+util = Utilization(ctx, config, seq, micro * accum * dp * seq, S["ds"]["precision"])
 losses, times, tally, measured = [], [], {}, {}
 for step in range(steps):
     ops.TALLY.reset()
@@ -117,8 +119,7 @@ for step in range(steps):
     mean = torch.tensor([loss], dtype=torch.float64, device=dev)  # NCCL reduces device tensors only
     dist.all_reduce(mean, group=mesh.group("dp"))
     losses.append(mean.item() / dp)
-    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
-                     tokens_per_s=micro * accum * dp * seq / times[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"tp {T}{' + sp' if sp else ''}", step + 1, steps, f"loss {losses[-1]:.4f}")
 
 
@@ -221,7 +222,7 @@ if ctx.is_main and compared:
 if ctx.is_main:
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("step time", round(step_s, 4), "s", None, "DeepSpeed engine; median, warm-up and census steps left out"),
-                figure("throughput", round(micro * accum * dp * seq / step_s, 1), "tokens/s", None, "all replicas")]
+                *util.figures(warm, "all replicas")]
     ctx.log("\nmesh.png: the ranks of this run's tp x dp grid; memory.png: memory per rank against the model")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, tp=T, dp=dp, vocab=vocab,
            micro_batches=accum,

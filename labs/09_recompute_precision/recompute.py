@@ -49,6 +49,7 @@ from plscale.strategies.recompute import llama as recompute
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size
@@ -70,10 +71,7 @@ ctx.log(f"data: {corpus.source}\nmodel: '{S['model']['preset']}', {config.layers
 base = memory.setup_from_ds_config(ds, N, config, seq)
 layers_of = {s: 0 if s == "none" else k for s in strategies}  # the layers each recomputes: the first k
 
-
-def setup_of(strategy: str) -> memory.Setup:
-    return replace(base, recompute=strategy, recompute_layers=layers_of[strategy])
-
+setup_of = lambda s: replace(base, recompute=s, recompute_layers=layers_of[s])  # noqa: E731 (a memory.Setup)
 
 # ---- Training: every strategy from the same initial weights, on the same batches -------------
 torch.manual_seed(seed)
@@ -84,12 +82,12 @@ for strategy in strategies:
     model.load_state_dict(initial)
     recompute.apply(model, strategy, layers_of[strategy], ds)
     engines[strategy], *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+util = {s: Utilization(ctx, config, seq, ds["train_batch_size"] * seq, base.precision, s, layers_of[s]) for s in strategies}
 
 
 @contextmanager
 def phase(name: str, clock: dict):
-    """A phase of the step: marked for the allocator's history, its seconds added to `clock`. On
-    CUDA it ends when the device's work does (kernels run after the host queues them)."""
+    """A phase of the step, marked for the allocator's history, its seconds (on CUDA: its kernels') in `clock`."""
     t0 = time.perf_counter()
     with allocations.phase(name):
         yield
@@ -127,7 +125,9 @@ for step in range(steps):
         else:
             losses[strategy].append(train_step(engine, step, clock))
             times[strategy].append({"all": time.perf_counter() - t0, **clock})
-        ctx.metrics.step(strategy=strategy, step=step, loss=losses[strategy][-1], step_time_s=time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        ctx.metrics.step(strategy=strategy, step=step, loss=losses[strategy][-1], step_time_s=took,
+                         **util[strategy].of_step(took))
     ctx.metrics.progress("training", step + 1, steps, "  ".join(f"{s} {losses[s][-1]:.4f}" for s in strategies))
 timed = {s: times[s][1:] or times[s] for s in strategies}  # the first step allocates: not timed if others are
 seconds = {s: {p: statistics.median(t[p] for t in timed[s]) for p in ("all", "forward", "backward", "step")}
@@ -175,8 +175,7 @@ if ctx.is_main:
 # fewer than MIN_TIMED of them, a shared machine's noise is the ratio.
 MIN_TIMED = 5
 if ctx.is_main:
-    ctx.log("\nstep time against no recomputation's (measured: the median of the steps timed; predicted from FLOPs; "
-            "printed, not checked: the cores are shared)")
+    ctx.log("\nstep time against no recomputation's: medians of the steps timed; predicted from FLOPs (unchecked: shared cores)")
     for strategy in strategies:
         r = runs[strategy]
         ratio = r["step_s"] / runs["none"]["step_s"] if "none" in runs else None
@@ -185,6 +184,7 @@ if ctx.is_main:
                 + f"   predicted {want:.3f} x   ({r['timed']} step{'s' * (r['timed'] != 1)} timed)")
         figures.append(figure(f"{strategy}: step time / no recomputation's", ratio and round(ratio, 3), "x",
                               round(want, 3), f"{r['step_s']:.3f} s per step, the median of {r['timed']} steps"))
+        figures += util[strategy].figures([t["all"] for t in timed[strategy]], prefix=f"{strategy}: ")
     fewest = min(r["timed"] for r in runs.values())
     if fewest < MIN_TIMED:
         ctx.log(f"  only {fewest} step{'s' * (fewest != 1)} timed per strategy: at this length the ratios are noise "

@@ -26,7 +26,6 @@ from torch.distributed.tensor import DTensor
 from plscale.predict import fsdp as fsdp_predict, tensor_parallel as tp_predict
 from plscale.predict.memory import MODEL_STATES
 from plscale.predict.presets import param_count, preset
-from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import every_replica, follows, largest_gap, reference_losses, step_by_step
 from plscale.rank.against_prediction import memory_table, per_rank, per_rank_counts, within
@@ -38,6 +37,7 @@ from plscale.rank.metrics import figure
 from plscale.rank.models import llama_pieces
 from plscale.rank.models.llama import Llama
 from plscale.rank.tally import Tally
+from plscale.rank.utilization import Utilization
 from plscale.strategies.fsdp import census, composed
 from plscale.strategies.pipeline.stages import split
 
@@ -74,6 +74,7 @@ ctx.log(f"model: Llama-shaped {S['model']['preset']!r}, {param_count(config):,} 
 # ---- Training: 1F1B over the stages, FSDP2 over dp, tp inside every layer; one step counted ----
 census_step = min(1, steps - 1)   # after step 0, where the schedule runs an extra forward and backward to set up
 losses, times, tally, measured = [], [], Tally(), {}
+util = Utilization(ctx, config, seq, micro * m * DP * seq, S["ds"]["precision"])
 for step in range(steps):
     t0, counted = time.perf_counter(), step == census_step
     with counting(tally, "step") if counted else contextlib.nullcontext():
@@ -89,7 +90,7 @@ for step in range(steps):
         logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
         after_first = {name: p.full_tensor() if isinstance(p, DTensor) else p.detach().clone()
                        for name, p in train.stage.named_parameters()}
-    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], tokens_per_s=micro * m * DP * seq / times[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"FSDP2 dp {DP} x DTensor tp {TP} x torch pp {PP}", step + 1, steps, f"loss {losses[-1]:.4f}")
 
 # ---- Each rank's model states, and the step's collectives, against the predictions -------------
@@ -139,7 +140,7 @@ if ctx.is_main:
                 figure("largest loss gap", float(f"{loss_gap:.3g}"), "relative", None, f"against the dense model, "
                        f"{parity} steps"),
                 figure("step time", round(step_s, 4), "s", None, "median of the steps after the first"),
-                figure("throughput", round(micro * m * DP * seq / step_s, 1), "tokens/s", None, "all ranks")]
+                *util.figures(times[1:] or times)]
     ctx.log(f"\nbeside it: plscale lab run 4d --gpus {N} --set parallel.tp={TP} --set parallel.pp={PP}: train.py's "
             f"hand-written composition on the same batches")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=param_count(config),

@@ -39,6 +39,7 @@ from plscale.rank.distributed import gathered
 from plscale.rank.mesh import Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 from plscale.strategies.context_parallel import ring_attention as ring
 from plscale.strategies.context_parallel.llama import split_batch
 from plscale.strategies.hybrid.stage import HybridStage
@@ -112,7 +113,7 @@ if S["pipeline"]["engine"] == "deepspeed":  # DeepSpeed built its own groups: th
     ctx.check("DeepSpeed's groups are the mesh's", same, "its pipe and data groups are pp and dp x cp on every rank")
 
 # ---- Training: 1F1B over the stages; tied sum; dp x cp: ZeRO-1 (or one all-reduce); AdamW ----
-steps = S["train"]["steps"]
+steps, util = S["train"]["steps"], Utilization(ctx, config, seq, micro * m * dp * seq, S["ds"]["precision"])
 census = min(1, steps - 1)  # the collectives of one step after the first, counted as they run
 losses, times = [], []
 for step in range(steps):
@@ -127,8 +128,7 @@ for step in range(steps):
         rest_sent = getattr(train_step, "sent", {})
     if step == 0:  # kept for the parameter check below
         after_first = {name: p.detach().clone() for name, p in model.named_parameters()}
-    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1],
-                     tokens_per_s=micro * m * dp * seq / times[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"dp {dp} x tp {TP}{' + sp' if SP else ''} x pp {PP} x cp {CP}", step + 1, steps,
                          f"loss {losses[-1]:.4f}")
 
@@ -238,7 +238,7 @@ if ctx.is_main:
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("step time", round(step_s, 4), "s", planned["step_s"] or None, "median of the steps after the "
                        "first; predicted: plscale plan --here (--layout, --sweep)"),
-                figure("throughput", round(micro * m * dp * seq / step_s, 1), "tokens/s", None, "all replicas"),
+                *util.figures(times[1:] or times, "all replicas"),
                 figure("largest loss gap", float(f"{loss_gap:.3g}"), "relative", None,
                        f"against the dense model, {parity} steps"),
                 figure("largest parameter gap", float(f"{param_gap:.3g}"), "lr", None,

@@ -12,7 +12,7 @@ version does, and `snapshot()` turns either into seconds per op.
 
     before = comms.snapshot()
     ...                                   # some steps
-    per_step = comms.per_step(before, comms.snapshot(), steps)   # {op: Traffic}
+    per_step = comms.per_step(before, comms.stop(), steps)       # {op: Traffic}; logging off after
 """
 
 import functools
@@ -64,6 +64,15 @@ def snapshot() -> dict[str, Traffic]:
         ms = max(latencies, default=0.0) if cumulative_latencies() else sum(latencies)
         out[op] = Traffic(calls, nbytes, ms / 1000)
     return out
+
+
+def stop() -> dict[str, Traffic]:
+    """The totals so far, and the logger off from here on. While it is on, DeepSpeed waits for
+    every collective it logs to finish (the device synchronised after each), which serialises
+    communication that would overlap compute: a lab logs a few steps and times the others."""
+    totals = snapshot()
+    _logger().enabled = False
+    return totals
 
 
 def per_step(before: dict, after: dict, steps: int, min_bytes: int = 1024) -> dict[str, Traffic]:

@@ -1,0 +1,73 @@
+"""benchmarks/gpu_check.py: its plan for a GPU machine (dry run), a rehearsal of it on one CPU
+rank through the real CLI, and the loud stop at the first lab that does not run."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plscale.lab.labs import all_labs
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def check(*args, **kw):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT, **kw)
+
+
+def test_dry_run_plans_every_lab_on_1_2_and_all_gpus():
+    out = check("--dry-run", "--gpus", "8")
+    assert out.returncode == 0, out.stderr
+    runs = re.findall(r"plscale lab run (\S+) --variant (\S+) --gpus (\d+)", out.stdout)
+    for lab in all_labs():
+        counts = {int(g) for name, _, g in runs if name == lab.id}
+        fixed = lab.variants[lab.default_variant].ranks
+        want = {g for g in ({fixed} if fixed else {1, 2, 8}) if g in lab.allowed_ranks}
+        if lab.launcher == "jax" and f"{lab.id}: jax is not installed" in out.stdout:
+            continue  # left out, and said why
+        assert counts >= want, (lab.id, counts, want)
+        assert all(v == lab.default_variant for n, v, _ in runs if n == lab.id)
+        for g in {1, 2, 8} - want - ({fixed} if fixed else set()):
+            assert f"{lab.id} on {g} GPU" in out.stdout, (lab.id, g)   # every run left out is said, with why
+    assert "4d on 1 GPU: the lab runs on 4, 8, 16 ranks" in out.stdout
+    # the MFU target: the 124M preset in bf16 on one GPU
+    assert re.search(r"lab run zero --variant zero2 --gpus 1 .*model.preset=124m.*ds.precision=bf16.*# MFU target",
+                     out.stdout)
+
+
+def test_no_gpu_is_one_line_and_exit_2():
+    out = check(env={"PATH": "/nonexistent"})  # no nvidia-smi to find
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--dry-run" in out.stderr
+
+
+def test_unknown_lab_is_one_line_and_exit_2():
+    out = check("--dry-run", "--gpus", "2", "--labs", "zero,nope")
+    assert out.returncode == 2 and "unknown lab(s) nope" in out.stderr
+
+
+@pytest.mark.e2e
+def test_rehearsal_on_a_cpu_rank_builds_the_table(tmp_path):
+    out = check("--cpu", "--gpus", "1", "--labs", "zero", "--steps", "3", "--set", "model.preset=tiny",
+                "--set", "model.seq=64", "--set", "data.val_blocks=8", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    [row] = record["results"]
+    assert row["lab"] == "zero" and row["gpus"] == 1 and row["passed"]
+    figures = row["figures"]
+    assert figures["throughput"]["unit"] == "tokens/s" and figures["throughput"]["value"] > 0
+    assert 0 < figures["MFU"]["value"] < 100 and "measured matmul" in figures["MFU"]["note"]
+    states = figures["model states per rank (max)"]
+    assert abs(states["value"] - states["predicted"]) <= 0.05 * states["predicted"]
+    assert "| zero | zero2 | 1 |" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_the_first_failing_run_stops_the_check(tmp_path):
+    out = check("--cpu", "--gpus", "1", "--labs", "zero", "--steps", "2", "--set", "model.preset=nonexistent",
+                "--out", str(tmp_path))
+    assert out.returncode == 1
+    assert "FAILED: plscale lab run zero --variant zero2 --gpus 1" in out.stderr and "exit code 2" in out.stderr
+    assert not (tmp_path / "gpu_check.json").exists()

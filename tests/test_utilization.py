@@ -1,0 +1,84 @@
+"""MFU's two halves: the model FLOPs a step (plscale.predict.recompute.step_flops) against
+torch's own FLOP counter on the real model, and the measured matmul peak (plscale.rank.peak)
+against a GEMM timed here."""
+
+import dataclasses
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from plscale.predict.presets import preset
+from plscale.predict.recompute import step_flops
+from plscale.rank import peak
+from plscale.rank.models.llama import Llama, rope_tables
+from plscale.rank.utilization import Utilization
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_model_flops_equal_torchs_count_of_forward_and_backward(name):
+    # the math core: its q k^T and p v are plain matmuls torch's counter sees (the fused CPU kernel it does not)
+    c = dataclasses.replace(preset(name), attention="math")
+    b, s = 2, 64
+    tokens = torch.randint(0, c.vocab, (b, s + 1))
+    with FlopCounterMode(display=False) as counter:
+        Llama(c)(tokens[:, :-1], tokens[:, 1:]).backward()
+    # causal-free, as PaLM's MFU counts it: the math core multiplies the masked half too
+    assert counter.get_total_flops() == step_flops(c, s).step * b * s
+
+
+def test_recomputation_counts_in_hfu_only():
+    c, s = preset("tiny"), 64
+    full = step_flops(c, s, "full")
+    assert full.step == step_flops(c, s).step           # MFU's FLOPs: the same model, the same step
+    # HFU's: one more forward of every layer (the head and embedding are not rerun)
+    c_math = dataclasses.replace(c, attention="math")
+    model = Llama(c_math)
+    x, tables = torch.randn(2, s, c.hidden), rope_tables(c.head_dim, s, c.rope_theta, torch.device("cpu"))
+    with FlopCounterMode(display=False) as counter:
+        for layer in model.layers:
+            x = layer(x, *tables)
+    assert full.recompute * 2 * s == pytest.approx(counter.get_total_flops(), rel=1e-9)
+
+
+def test_the_peak_is_the_best_gemm_and_is_cached(tmp_path, monkeypatch):
+    cache = tmp_path / "peak.json"
+    monkeypatch.setenv("PLSCALE_PEAK_CACHE", str(cache))
+    monkeypatch.setattr(peak, "SECONDS_A_SHAPE", {"cpu": 0.1, "cuda": 0.1})
+    found = peak.matmul_peak(torch.device("cpu"), torch.float32)
+    assert found.shape in peak.CPU_SIZES and found.threads == torch.get_num_threads()
+    # a GEMM timed here, the best of five: no faster than the sweep's best (noise: 30%)
+    n = found.shape
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = min(_timed(lambda: a @ b) for _ in range(5))
+    assert 2 * n**3 / best <= 1.3 * found.flops
+    saved = json.loads(cache.read_text())
+    assert len(saved) == 1 and next(iter(saved.values()))["flops"] == found.flops
+    monkeypatch.setattr(peak, "measure", lambda *a: pytest.fail("measured again despite the cache"))
+    assert peak.matmul_peak(torch.device("cpu"), torch.float32) == found
+
+
+def test_utilization_of_a_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLSCALE_PEAK_CACHE", str(tmp_path / "peak.json"))
+    monkeypatch.setattr(peak, "SECONDS_A_SHAPE", {"cpu": 0.05, "cuda": 0.05})
+    c, s, tokens = preset("tiny"), 64, 4 * 64 * 2
+    ctx = SimpleNamespace(world_size=2, device=torch.device("cpu"), log=lambda *a: None)
+    util = Utilization(ctx, c, s, tokens, "fp32", recompute="full")
+    fields = util.of_step(0.5)
+    model_flops = step_flops(c, s).step * tokens
+    assert fields["tokens_per_s"] == pytest.approx(tokens / 0.5)
+    assert fields["mfu"] == pytest.approx(model_flops / 0.5 / 2 / util.measured.flops, rel=1e-4)
+    assert fields["hfu"] > fields["mfu"] and "mfu_datasheet" not in fields   # no datasheet peak on a CPU
+    figures = {f["name"]: f for f in util.figures([0.4, 0.5, 9.0])}           # median 0.5: the slow step ignored
+    assert figures["throughput"]["value"] == pytest.approx(tokens / 0.5, abs=0.1)
+    assert "median of 3 timed steps" in figures["throughput"]["note"]
+    assert "measured matmul" in figures["MFU"]["note"] and "recomputation" in figures["HFU"]["note"]
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
