@@ -66,6 +66,19 @@ def test_sweep_memory_parity_and_charts(sweep):
     # ZeRO-2 reduces after each of the 2 micro-batches per step, ZeRO-1 once at the boundary
     assert summaries[2]["comms_per_step"]["all_reduce"]["calls"] > summaries[1]["comms_per_step"]["all_reduce"]["calls"]
 
+    # throughput from the median timed step: the comms logger's first fifth (1 of 5) and the census step (1) left out
+    for run, s in zip(json.loads((sweep_dir / "sweep.json").read_text())["runs"], summaries):
+        lines = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+        timed = sorted(line["step_time_s"] for line in lines[2:])
+        figures = {f["name"]: f for f in s["figures"]}
+        assert figures["throughput"]["value"] == pytest.approx(s["tokens_per_step"] / timed[1], abs=0.1)
+        assert "median of 3 timed steps" in figures["throughput"]["note"]
+        # MFU against the measured matmul peak of a CPU rank: a share of it, each step and in the summary
+        assert 0 < figures["MFU"]["value"] < 100 and "measured matmul" in figures["MFU"]["note"]
+        assert figures["HFU"]["value"] == figures["MFU"]["value"]                     # no recomputation
+        assert all(0 < line["mfu"] < 1 and line["hfu"] == line["mfu"] for line in lines)
+        assert "MFU (datasheet)" not in figures                                       # no datasheet for a CPU
+
     for png in ("memory_by_stage.png", "loss_by_stage.png"):
         data = (sweep_dir / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
