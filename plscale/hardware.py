@@ -49,7 +49,25 @@ def _hub_answers(timeout: float) -> bool:
         return False
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux: 32768 by default)."""
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A free port for a rendezvous, below the kernel's ephemeral range where it can: there no
+    outgoing connection (another run's gloo ranks, say) can take it between now and the launcher's
+    bind. Otherwise whatever free port the kernel gives."""
+    import random
+
+    low = _ephemeral_low()
+    if low > 12_000:
+        for port in random.Random().sample(range(10_000, low), 64):
+            if not port_in_use(port):
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
