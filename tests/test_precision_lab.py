@@ -56,6 +56,9 @@ def test_precisions_side_by_side(cli):
     for run in ("fp32", "bf16", "fp16", "fp16-unscaled"):  # timed, never checked
         timed = f[f"{run}: step time (median)"]
         assert timed["value"] == round(s["step_s"][run], 4) > 0 and timed["predicted"] is None
+        # MFU against the matmul peak of the run's own precision, measured on this CPU
+        dtype = {"fp32": "float32", "bf16": "bfloat16"}.get(run, "float16")
+        assert f"GFLOP/s {dtype} (measured matmul" in f[f"{run}: MFU"]["note"] and f[f"{run}: MFU"]["value"] > 0
     assert "torch_autocast" in json.loads((run_dir / "ds_config.fp16.json").read_text())
     assert "bf16" in json.loads((run_dir / "ds_config.bf16.json").read_text())
     for chart in ("losses.png", "memory.png", "loss_scale.png", "underflow.png"):

@@ -14,7 +14,7 @@ formats split their bits differently (plscale estimate precision):
 Each run trains the same model from the same weights on the same batches: fp32, bf16 (DeepSpeed's
 bf16 section), fp16 with dynamic loss scaling started high enough to overflow (the scaler's
 sawtooth), and fp16 with none. Memory per rank is counted by role (the tensor census) beside
-the memory model; the median step time of each (printed, never checked); the loss curves,
+the memory model; the median step time and MFU of each (printed, never checked); the loss curves,
 the scaler's log, and where fp16 puts real gradients, scaled and not (flushed to 0, subnormal,
 overflowed), beside where formats.py says they fall, with the weights' gradients the scaler
 checks for inf. Where DeepSpeed refuses fp16 (a CPU without fp16 kernels), fp16 runs as
@@ -37,8 +37,7 @@ from dataclasses import asdict, replace
 import torch
 import torch.distributed as dist
 
-from plscale.charts import plots
-from plscale.charts import precision as charts
+from plscale.charts import plots, precision as charts
 from plscale.dsconfig.spec import DSSpec, build
 from plscale.dsconfig.valid import LOSS_SCALING, fp16_path
 from plscale.files import write_json
@@ -53,6 +52,7 @@ from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 from plscale.strategies.precision import engine as precision_engine, explain, loss_scaling
 from plscale.strategies.precision.explain import FP16, power as p2
 
@@ -119,7 +119,7 @@ for run in runs:
                          step_time_s=times[-1])
         ctx.metrics.progress(run, step + 1, steps, f"loss {losses[-1]:.4f}, scale {log.rows[-1].scale_before:g}")
     results[run] = {"spec": spec, "losses": losses, "log": log, "measured": distributed.gathered(measured), "stepped": stepped,
-                    "scaler": scaler, "step_s": statistics.median(times[1:-1] or times),  # first: allocating; last: census
+                    "scaler": scaler, "timed": times[1:-1] or times,  # the first allocates, the last counts memory
                     "prediction": memory.estimate(memory.setup_from_ds_config(ds, N, config, seq))}
     del engine, model
 
@@ -151,13 +151,13 @@ for run, r in results.items():
 if any(r["spec"].autocast for r in results.values()):
     ctx.log("  " + explain.AUTOCAST_ACTIVATIONS)
 
-# ---- Time per step: measured, printed, never checked -------------------------------------------
-ctx.log("\nstep time, median over steps (the first, allocating, and the last, counting memory, left out; rank 0): "
-        + ", ".join(f"{run} {r['step_s']:.3f} s" for run, r in results.items()))
+# ---- Time per step and MFU: measured, never checked -------------------------------------------
 if dev.type == "cpu" and any(run.startswith("fp16") for run in runs):
-    ctx.log("  " + explain.CPU_FP16)
-figures += [figure(f"{run}: step time (median)", round(r["step_s"], 4), "s", None, "measured, not predicted")
-            for run, r in results.items()]
+    ctx.log("\n" + explain.CPU_FP16)
+for run, r in results.items():  # MFU against the matmul peak of the run's own precision
+    util = Utilization(ctx, config, seq, ds["train_batch_size"] * seq, r["spec"].precision)
+    figures += [figure(f"{run}: step time (median)", round(statistics.median(r["timed"]), 4), "s", None,
+                       "the first and last step left out"), *util.figures(r["timed"], prefix=f"{run}: ")]
 
 # ---- fp16's loss scaler: overflow, back-off, growth --------------------------------------------
 window, logs = S["fp16"]["loss_scale_window"], {}
@@ -245,6 +245,6 @@ if ctx.is_main:
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, runs=runs,
            fp16_path="deepspeed fp16" if native else "torch_autocast", memory=memory_rows,
            grad_scaler={run: r["scaler"] for run, r in results.items() if r["spec"].autocast},
-           step_s={run: r["step_s"] for run, r in results.items()},
+           step_s={run: statistics.median(r["timed"]) for run, r in results.items()},
            losses={run: r["losses"] for run, r in results.items()}, scaler=logs, underflow=underflow,
            params=param_count(config))
