@@ -30,11 +30,14 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 demo: setup
 	$(BIN)/plscale lab run $(DEMO_LAB) --gpus 2
 
-# Two workers, each a whole test file at a time (module fixtures run once): the labs' ranks and
-# the single-process tests share the cores, about 17 min in all on 2 cores instead of 22 in one.
-# TEST_WORKERS=0 runs the suite in this process, one test after another.
+# Two workers, each a whole test file at a time (module fixtures run once), in the files' order
+# (tests/conftest.py puts the JAX-in-process files last): the labs' ranks and the single-process
+# tests share the cores, about 17 min in all on 2 cores instead of 22 in one. TEST_WORKERS=0, or
+# no pytest-xdist in the venv, runs the suite in one process, one test after another.
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),$(shell $(BIN)/python -c 'import xdist' 2>/dev/null && \
+          printf -- '-n %s --dist loadfile --no-loadscope-reorder' $(TEST_WORKERS)))
 test: setup
-	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest -q $(XDIST)
 
 bench: setup
 	$(BIN)/python benchmarks/cli_startup.py

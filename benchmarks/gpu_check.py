@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 import re
-import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from plscale.lab.labs import all_labs  # noqa: E402  (host side: no torch)
+from plscale.errors import UserError  # noqa: E402  (host side: no torch)
+from plscale.lab.labs import all_labs  # noqa: E402
+from plscale.lab.resolve import Topology, resolve_run  # noqa: E402
 
 WANTED = re.compile(r"^(throughput|MFU|MFU \(datasheet\)|HFU|model states per rank \(max\)|"
                     r"resident memory per rank \(max\)|memory per rank \(max\)|step time)$|busbw", re.IGNORECASE)
@@ -42,11 +44,9 @@ TARGET = {"lab": "zero", "variant": "zero2", "gpus": 1,
 
 
 def gpu_count() -> int:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+    """The GPUs nvidia-smi lists, as CUDA_VISIBLE_DEVICES narrows them."""
+    from plscale.hardware import cuda_gpus
+    return len(cuda_gpus())
 
 
 def has_jax() -> bool:
@@ -54,8 +54,11 @@ def has_jax() -> bool:
     return importlib.util.find_spec("jax") is not None
 
 
-def plan(gpus: int, names: list[str] | None, with_jax: bool) -> tuple[list[dict], list[str]]:
-    """The runs, in order, and why the others are left out."""
+def plan(gpus: int, names: list[str] | None, with_jax: bool, steps: int = 20,
+         device: str = "cuda") -> tuple[list[dict], list[str]]:
+    """The runs, in order, and why the others are left out: each is resolved here as `plscale lab
+    run` would resolve it with the lab's own settings (a layout a rank count cannot take is left
+    out, with the CLI's reason; a bad --set fails the run itself, loudly)."""
     runs, skipped = [], []
     labs = [lab for lab in all_labs() if not names or lab.id in names or str(lab.number) in names]
     for lab in labs:
@@ -64,12 +67,18 @@ def plan(gpus: int, names: list[str] | None, with_jax: bool) -> tuple[list[dict]
             continue
         variant = lab.variants[lab.default_variant]
         fixed = variant.ranks
-        counts = [fixed] if fixed else sorted({1, 2, gpus})
+        most = max((n for n in lab.allowed_ranks if n <= gpus), default=gpus)   # all the GPUs, or as many as it takes
+        counts = [fixed] if fixed else sorted({1, 2, most})
         for g in counts:
             if g > gpus or g not in lab.allowed_ranks:
                 skipped.append(f"{lab.id} on {g} GPU{'s' * (g != 1)}: "
                                + ("more than this machine has" if g > gpus else
                                   f"the lab runs on {', '.join(map(str, lab.allowed_ranks))} ranks"))
+                continue
+            try:
+                resolve_run(lab, variant, Topology(g, device), [], steps)
+            except UserError as exc:
+                skipped.append(f"{lab.id} on {g} GPU{'s' * (g != 1)}: {str(exc).splitlines()[0]}")
                 continue
             runs.append({"lab": lab.id, "variant": lab.default_variant, "gpus": g, "settings": []})
     if not names or "zero" in names:
@@ -122,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
     ap.add_argument("--cpu", action="store_true", help="run on CPU ranks over gloo instead (a rehearsal)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
+    ap.add_argument("--timeout-s", type=int, default=1800, help="a run still going after this long fails the check")
     args = ap.parse_args(argv)
 
     gpus = args.gpus if args.gpus is not None else gpu_count()
@@ -134,7 +144,7 @@ def main(argv=None) -> int:
     if unknown := [n for n in names if n not in known]:
         print(f"gpu_check: unknown lab(s) {', '.join(unknown)}; the labs: {', '.join(sorted(known))}", file=sys.stderr)
         return 2
-    runs, skipped = plan(gpus, names, has_jax())
+    runs, skipped = plan(gpus, names, has_jax(), args.steps, "cpu" if args.cpu else "cuda")
     if args.cpu:  # the MFU target is a GPU's
         runs = [r for r in runs if "why" not in r]
     print(f"gpu_check: {len(runs)} runs on up to {gpus} {'CPU ranks' if args.cpu else 'GPUs'}, {args.steps} steps each")
@@ -155,7 +165,14 @@ def main(argv=None) -> int:
         print(f"[{i}/{len(runs)}] plscale {' '.join(argv)}", flush=True)
         before = set((out / "runs").iterdir())
         t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "plscale.cli.main", *argv], cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", *argv], cwd=ROOT, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            done.stdout, done.stderr = done.communicate(timeout=args.timeout_s)
+        except subprocess.TimeoutExpired:  # a hung run: its whole process group (CLI, launcher, ranks) ends
+            os.killpg(done.pid, signal.SIGTERM)
+            done.stdout, done.stderr = done.communicate()
+            done.returncode = f"none: still running after {args.timeout_s} s (--timeout-s), stopped"
         new = sorted(set((out / "runs").iterdir()) - before)
         summary_file = next((d / "summary.json" for d in new if (d / "summary.json").is_file()), None)
         if done.returncode != 0 or summary_file is None:

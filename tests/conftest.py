@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ from plscale.lab.jaxenv import DEVICE_COUNT, with_device_count  # imports neithe
 # 4 simulated CPU devices for the JAX tests: XLA reads this when JAX starts its CPU backend.
 if DEVICE_COUNT not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = with_device_count(os.environ.get("XLA_FLAGS", ""), 4)
+
+# The labs' matmul peaks (plscale/rank/peak.py), measured under the suite's load: kept in a file of the
+# suite's own, shared by its workers and runs, never in the user's ~/.cache.
+os.environ.setdefault("PLSCALE_PEAK_CACHE", os.path.join(tempfile.gettempdir(), f"plscale-tests-peak-{os.getuid()}.json"))
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PLSCALE_SHARED_DATA", ROOT.parent / "shared" / "data"))

@@ -44,24 +44,36 @@ def test_recomputation_counts_in_hfu_only():
     assert full.recompute * 2 * s == pytest.approx(counter.get_total_flops(), rel=1e-9)
 
 
-def test_the_peak_is_the_best_gemm_and_is_cached(tmp_path, monkeypatch):
+@pytest.fixture
+def one_thread():
+    """One thread, as a lab's CPU rank runs: a 2-thread GEMM on a loaded 2-core machine waits for its slower thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_peak_is_the_best_gemm_and_is_cached(tmp_path, monkeypatch, one_thread):
     cache = tmp_path / "peak.json"
     monkeypatch.setenv("PLSCALE_PEAK_CACHE", str(cache))
-    monkeypatch.setattr(peak, "SECONDS_A_SHAPE", {"cpu": 0.1, "cuda": 0.1})
+    monkeypatch.setattr(peak, "SECONDS_A_SHAPE", {"cpu": 0.2, "cuda": 0.1})
     found = peak.matmul_peak(torch.device("cpu"), torch.float32)
-    assert found.shape in peak.CPU_SIZES and found.threads == torch.get_num_threads()
-    # a GEMM timed here, the best of five: no faster than the sweep's best (noise: 30%)
+    assert found.shape in peak.CPU_SIZES and found.threads == 1
+    # a GEMM of that size timed here, the best over as long, in FLOP/s (2 n^3 a product): the sweep's
+    # rate, within what another moment's load on a shared machine makes of it
     n = found.shape
     a, b = torch.randn(n, n), torch.randn(n, n)
-    best = min(_timed(lambda: a @ b) for _ in range(5))
-    assert 2 * n**3 / best <= 1.3 * found.flops
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < 0.2:
+        best = min(best, _timed(lambda: a @ b))
+    assert 0.25 * found.flops <= 2 * n**3 / best <= 1.5 * found.flops
     saved = json.loads(cache.read_text())
     assert len(saved) == 1 and next(iter(saved.values()))["flops"] == found.flops
     monkeypatch.setattr(peak, "measure", lambda *a: pytest.fail("measured again despite the cache"))
     assert peak.matmul_peak(torch.device("cpu"), torch.float32) == found
 
 
-def test_utilization_of_a_step(tmp_path, monkeypatch):
+def test_utilization_of_a_step(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("PLSCALE_PEAK_CACHE", str(tmp_path / "peak.json"))
     monkeypatch.setattr(peak, "SECONDS_A_SHAPE", {"cpu": 0.05, "cuda": 0.05})
     c, s, tokens = preset("tiny"), 64, 4 * 64 * 2

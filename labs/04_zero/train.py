@@ -5,7 +5,7 @@ A Llama-shaped model trains on WikiText-2 with DeepSpeed. Once, in the middle of
 tensors by role: parameters, gradients, the optimizer's fp32 master copy, Adam's moments,
 and the rest. The table puts that beside the ZeRO paper's prediction for this stage:
 each stage partitions one more kind of state across the N ranks. The run also reports
-loss, validation perplexity, tokens/s (MFU on GPUs) and the bytes each collective moves.
+loss, validation perplexity, tokens/s, MFU and the bytes each collective moves.
 
     plscale lab run zero2 --gpus 2                  (zero0 .. zero3, zero2-offload, zero3-offload)
     plscale lab run zero --sweep                    (stages 0-3 in turn, then the charts)
@@ -65,7 +65,7 @@ ctx.log(f"model: Llama-shaped '{S['model']['preset']}', Ψ = {psi:,} parameters 
         f"{' + parameter offload' if setup.offload_param else ''} on {N} ranks, {setup.precision}")
 
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-util = Utilization(ctx, config, seq, tokens_per_step, setup.precision)  # MFU's peak, measured once a machine
+util = Utilization(ctx, config, seq, tokens_per_step, S["ds"]["precision"])  # the matmuls' peak, measured once
 
 # ---- Training; the census in the middle of step `census_step` -------------------------
 # The comms logger waits for every collective to finish (on GPUs too): it logs the first fifth
@@ -146,7 +146,7 @@ if ctx.is_main:
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
                 figure("validation perplexity", round(val_ppl, 2), "", None, f"{usable} blocks of {seq} tokens"),
                 figure("communication per step", round(sum(t.bytes for t in comm_per_step.values()) / MiB, 3), "MiB",
-                       None, "all collectives, as logged by rank 0"),
+                       None, f"all collectives, as logged by rank 0 over the first {logged} steps"),
                 figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU"),
                 *util.figures(timed)]
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,

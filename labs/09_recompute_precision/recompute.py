@@ -82,7 +82,7 @@ for strategy in strategies:
     model.load_state_dict(initial)
     recompute.apply(model, strategy, layers_of[strategy], ds)
     engines[strategy], *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-util = {s: Utilization(ctx, config, seq, ds["train_batch_size"] * seq, base.precision, s, layers_of[s]) for s in strategies}
+util = {s: Utilization(ctx, config, seq, ds["train_batch_size"] * seq, S["ds"]["precision"], s, layers_of[s]) for s in strategies}
 
 
 @contextmanager

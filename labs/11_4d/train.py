@@ -114,8 +114,7 @@ if S["pipeline"]["engine"] == "deepspeed":  # DeepSpeed built its own groups: th
 
 # ---- Training: 1F1B over the stages; tied sum; dp x cp: ZeRO-1 (or one all-reduce); AdamW ----
 steps, util = S["train"]["steps"], Utilization(ctx, config, seq, micro * m * dp * seq, S["ds"]["precision"])
-census = min(1, steps - 1)  # the collectives of one step after the first, counted as they run
-losses, times = [], []
+census, losses, times = min(1, steps - 1), [], []  # census: the collectives of one step after the first, counted
 for step in range(steps):
     ops.TALLY.reset()   # tp's collectives
     ring.TALLY.reset()  # cp's ring
@@ -231,14 +230,15 @@ if ctx.is_main:
               f" (gradients near eps, where Adam's first step g/(|g| + eps) shows their rounding)")
     ctx.check("every rank's shard equals the dense model's slice after the first step", param_gap <= param_tolerance,
               f"largest gap {param_gap:.2e} lr on rank {rank} ({name}); tolerance {param_tolerance:g} lr")
-    step_s, planned = statistics.median(times[1:] or times), S["planned"]   # planned: plscale plan --here's terms
+    timed = [t for i, t in enumerate(times) if i not in (0, census)] or times   # the first and the counted left out
+    step_s, planned = statistics.median(timed), S["planned"]   # planned: plscale plan --here's terms
     if planned["step_s"]:
         ctx.log(f"\nstep time, the planner's model for this layout on this machine: {planned['step_s']:.3f} s ("
                 + ", ".join(f"{LABELS[t]} {planned[t]:.3f}" for t in TERMS if planned[t]) + f"); measured {step_s:.3f} s")
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
-                figure("step time", round(step_s, 4), "s", planned["step_s"] or None, "median of the steps after the "
-                       "first; predicted: plscale plan --here (--layout, --sweep)"),
-                *util.figures(times[1:] or times, "all replicas"),
+                figure("step time", round(step_s, 4), "s", planned["step_s"] or None, "median, the first and the "
+                       "counted step left out; predicted: plscale plan --here (--layout, --sweep)"),
+                *util.figures(timed, "all replicas"),
                 figure("largest loss gap", float(f"{loss_gap:.3g}"), "relative", None,
                        f"against the dense model, {parity} steps"),
                 figure("largest parameter gap", float(f"{param_gap:.3g}"), "lr", None,

@@ -9,10 +9,12 @@ square shapes, keep the fastest. On a CPU it is the only peak there is: the core
 
     peak = matmul_peak(device, torch.float32)   # Peak(flops=4.1e10, shape=768, ...)
 
-Cached per device name, precision, thread count and torch version in
-$XDG_CACHE_HOME/plscale/matmul_peak.json (~/.cache by default; PLSCALE_PEAK_CACHE names
-another file, an empty value measures every time): the sweep takes about a second on a CPU
-and a few on a GPU, once per machine.
+Cached per device name, precision, thread count, ranks on the machine (LOCAL_WORLD_SIZE: how
+many share its cores; LOCAL_SIZE under the deepspeed launcher) and torch version in $XDG_CACHE_HOME/plscale/matmul_peak.json (~/.cache
+by default; PLSCALE_PEAK_CACHE names another file, an empty value measures every time). The
+sweep takes about a second a precision on a CPU with native kernels for it (longer for bf16 or
+fp16 on one without) and a few seconds on a GPU, once per machine. On a GPU the sweep's matrices
+are freed and the allocator's peak reset after it, so the lab's memory figures do not see them.
 """
 
 import json
@@ -27,7 +29,7 @@ import torch
 from plscale.files import write_json
 
 CPU_SIZES = (256, 512, 768, 1024)          # n x n @ n x n: 2 n^3 FLOPs
-GPU_SIZES = (2048, 4096, 6144, 8192, 12288)
+GPU_SIZES = (2048, 4096, 6144, 8192)   # 8192^2 fp32: 256 MiB a matrix
 SECONDS_A_SHAPE = {"cpu": 0.25, "cuda": 0.5}
 
 
@@ -60,8 +62,16 @@ def _cache_file() -> Path | None:
     named = os.environ.get("PLSCALE_PEAK_CACHE")
     if named is not None:
         return Path(named) if named else None
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home directory to be found: measure every time
+        return None
     return base / "plscale" / "matmul_peak.json"
+
+
+def _local_ranks() -> str:
+    """The ranks on this machine, as torchrun (LOCAL_WORLD_SIZE) or the deepspeed launcher (LOCAL_SIZE) say."""
+    return os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1"
 
 
 def _timed_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: float) -> float:
@@ -83,7 +93,17 @@ def _timed_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: floa
 def measure(device: torch.device, dtype: torch.dtype) -> Peak:
     sizes = GPU_SIZES if device.type == "cuda" else CPU_SIZES
     seconds = SECONDS_A_SHAPE["cuda" if device.type == "cuda" else "cpu"]
-    rates = {n: _timed_flops(n, dtype, device, seconds) for n in sizes}
+    rates = {}
+    for n in sizes:
+        try:
+            rates[n] = _timed_flops(n, dtype, device, seconds)
+        except torch.OutOfMemoryError:  # a GPU already nearly full: the sizes that fit
+            break
+    if device.type == "cuda":  # the sweep's matrices out of the allocator and out of its peak
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    if not rates:
+        raise RuntimeError(f"no {dtype} matmul of {sizes[0]} x {sizes[0]} fits on {device_name(device)}")
     n = max(rates, key=rates.get)
     return Peak(rates[n], n, str(dtype).removeprefix("torch."), device_name(device),
                 0 if device.type == "cuda" else torch.get_num_threads())
@@ -92,14 +112,18 @@ def measure(device: torch.device, dtype: torch.dtype) -> Peak:
 def matmul_peak(device: torch.device, dtype: torch.dtype) -> Peak:
     """The cached peak of this device, precision, thread count and torch; measured when absent."""
     threads = 0 if device.type == "cuda" else torch.get_num_threads()
-    key = f"{device_name(device)} | {str(dtype).removeprefix('torch.')} | {threads} threads | torch {torch.__version__}"
+    key = (f"{device_name(device)} | {str(dtype).removeprefix('torch.')} | {threads} threads | "
+           f"{_local_ranks()} ranks | torch {torch.__version__}")
     file = _cache_file()
     try:
         saved = json.loads(file.read_text()) if file else {}
+        saved = saved if isinstance(saved, dict) else {}
     except (OSError, ValueError):
         saved = {}
-    if key in saved:
+    try:
         return Peak(**saved[key])
+    except (KeyError, TypeError):  # not measured yet, or written by another version of this file
+        pass
     peak = measure(device, dtype)
     if file:
         try:

@@ -41,7 +41,10 @@ class Utilization:
         self.hardware_flops = flops.total * tokens_per_step
         self.measured = matmul_peak(ctx.device, DTYPES[precision])
         gpu = gpu_of_device(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
-        self.datasheet = (gpu.peak(precision), f"{gpu.name} datasheet, {precision} dense") if gpu else None
+        # fp32's datasheet peak is TF32's (tensor cores), which torch uses for fp32 matmuls only when
+        # told to (torch.backends.cuda.matmul.allow_tf32): an fp32 run's datasheet MFU is against it
+        kind = "tf32" if precision == "fp32" else precision
+        self.datasheet = (gpu.peak(precision), f"{gpu.name} datasheet, {kind} dense") if gpu else None
         said = (f"peak a rank: {self.measured.describe()}"
                 + (f"; {self.datasheet[0] / 1e12:g} TFLOP/s ({self.datasheet[1]})" if self.datasheet else ""))
         if said not in _SAID:  # once a process, however many models a lab compares
@@ -59,6 +62,7 @@ class Utilization:
                "hfu": self.per_rank(step_s, self.hardware_flops) / self.measured.flops}
         if self.datasheet:
             out["mfu_datasheet"] = self.per_rank(step_s, self.model_flops) / self.datasheet[0]
+            out["hfu_datasheet"] = self.per_rank(step_s, self.hardware_flops) / self.datasheet[0]
         return {k: round(v, 6) for k, v in out.items()}
 
     def figures(self, timed: list[float], of: str = "all ranks", prefix: str = "") -> list[dict]:

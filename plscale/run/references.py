@@ -47,7 +47,7 @@ DRIFT_FACTOR = 10
 GAP_WORDS = re.compile(r"\b(gap|vs|divergence)\b", re.IGNORECASE)
 COUNT_UNITS = {"B", "bytes", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "calls", "count", "steps", "%"}
 TIME_UNITS = {"s", "ms", "us", "µs", "ns", "min", "h"}
-HARDWARE_WORDS = re.compile(r"\b(time|throughput|bandwidth|busbw|algbw|mfu|bubble|latency|speed|speedup|stall|rss|young|"
+HARDWARE_WORDS = re.compile(r"\b(time|throughput|bandwidth|busbw|algbw|mfu|hfu|bubble|latency|speed|speedup|stall|rss|young|"
                             r"tokens/s|samples/s|backward / forward)\b", re.IGNORECASE)
 TOLERANCE_RULE = (f"within when |value - reference| <= max(relative x |reference|, absolute): relative {RELATIVE:g} "
                   f"for what the maths fixes, {HARDWARE_RELATIVE:g} for hardware figures (times, rates, MFU, RSS; "
