@@ -34,7 +34,8 @@ from plscale.errors import UserError  # noqa: E402  (host side: no torch)
 from plscale.lab.labs import all_labs  # noqa: E402
 from plscale.lab.resolve import Topology, resolve_run  # noqa: E402
 
-WANTED = re.compile(r"^(throughput|MFU|MFU \(datasheet\)|HFU|model states per rank \(max\)|"
+# a lab that compares runs prefixes their figures ("none: MFU", "fp32: MFU"): the first run's is the row's
+WANTED = re.compile(r"^(?:[\w+-]+: )?(throughput|MFU|MFU \(datasheet\)|HFU|model states per rank \(max\)|"
                     r"resident memory per rank \(max\)|memory per rank \(max\)|step time)$|busbw", re.IGNORECASE)
 COLUMNS = ("throughput", "MFU", "MFU (datasheet)", "model states per rank (max)", "resident memory per rank (max)",
            "busbw")
@@ -97,8 +98,8 @@ def command(run: dict, steps: int, cpu: bool, extra: list[str]) -> list[str]:
 def row_of(summary: dict) -> dict:
     out = {}
     for f in summary.get("figures", []):
-        if WANTED.search(f["name"]):
-            key = "busbw" if "busbw" in f["name"].lower() else f["name"]
+        if found := WANTED.search(f["name"]):
+            key = "busbw" if "busbw" in f["name"].lower() else found.group(1)
             out.setdefault(key, f)
     return out
 
@@ -186,6 +187,10 @@ def main(argv=None) -> int:
         print(f"    {results[-1]['wall_s']} s; " + "; ".join(f"{k} {shown(v)}" for k, v in results[-1]["figures"].items()
                                                           if k in COLUMNS), flush=True)
     text = table(results)
+    for r in results:
+        if "why" in r and (mfu := r["figures"].get("MFU (datasheet)")):
+            text += (f"\n\n{r['why']}: {mfu['value']:.1f}% MFU against the datasheet peak: "
+                     + ("met" if mfu["value"] >= 45 else "NOT met"))
     (out / "gpu_check.json").write_text(json.dumps({"skipped": skipped, "results": results}, indent=2))
     (out / "gpu_check.md").write_text(text + "\n")
     print("\n" + text + f"\n\nwritten: {out / 'gpu_check.md'}, {out / 'gpu_check.json'}")
