@@ -134,6 +134,10 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
     ap.add_argument("--timeout-s", type=int, default=1800, help="a run still going after this long fails the check")
     args = ap.parse_args(argv)
+    for flag, value in (("--gpus", args.gpus), ("--steps", args.steps), ("--timeout-s", args.timeout_s)):
+        if value is not None and value < 1:
+            print(f"gpu_check: {flag} {value}: use 1 or more", file=sys.stderr)
+            return 2
 
     gpus = args.gpus if args.gpus is not None else gpu_count()
     if gpus < 1:
@@ -148,6 +152,15 @@ def main(argv=None) -> int:
     runs, skipped = plan(gpus, names, has_jax(), args.steps, "cpu" if args.cpu else "cuda")
     if args.cpu:  # the MFU target is a GPU's
         runs = [r for r in runs if "why" not in r]
+    for r in runs:  # the --set values on every run, before anything runs or is written
+        lab = next(lab for lab in all_labs() if lab.id == r["lab"])
+        try:
+            resolve_run(lab, lab.variants[r["variant"]], Topology(r["gpus"], "cpu" if args.cpu else "cuda"),
+                        r["settings"] + args.set, args.steps)
+        except UserError as exc:
+            print(f"gpu_check: {r['lab']} with --set {' --set '.join(args.set)}: {str(exc).splitlines()[0]}",
+                  file=sys.stderr)
+            return 2
     print(f"gpu_check: {len(runs)} runs on up to {gpus} {'CPU ranks' if args.cpu else 'GPUs'}, {args.steps} steps each")
     for s in skipped:
         print(f"  left out: {s}")

@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=15, help="how many files and tests to list")
     ap.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
     args = ap.parse_args()
+    if args.workers < 0 or args.top < 1:
+        ap.error("--workers: 0 or more; --top: 1 or more")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
         argv = [sys.executable, "-m", "pytest", "-q", f"--junitxml={report}", *args.pytest_args]

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -61,11 +62,9 @@ def free_port() -> int:
     """A free port for a rendezvous, below the kernel's ephemeral range where it can: there no
     outgoing connection (another run's gloo ranks, say) can take it between now and the launcher's
     bind. Otherwise whatever free port the kernel gives."""
-    import random
-
     low = _ephemeral_low()
     if low > 12_000:
-        for port in random.Random().sample(range(10_000, low), 64):
+        for port in random.sample(range(10_000, low), 64):
             if not port_in_use(port):
                 return port
     with socket.socket() as sock:

@@ -203,7 +203,8 @@ if ctx.is_main:
     step_s = statistics.median(warm)
     at_m = next((r for r in rows if r["m"] == m), None)
     figures += [figure("final loss", round(losses[-1], 4), "nats"),
-                figure("step time", round(step_s, 4), "s", None, f"median after the first quarter, the census step left out; m={m}"),
+                figure("step time", round(step_s, 4), "s", None,
+                       f"median after the first quarter, the census step left out; m={m}"),
                 *util.figures(warm, "all replicas")]
     if at_m:
         figures.append(figure(f"bubble at m={m}", round(100 * at_m["measured"], 1), "%", round(100 * at_m["theory"], 1),

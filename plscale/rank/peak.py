@@ -9,9 +9,9 @@ square shapes, keep the fastest. On a CPU it is the only peak there is: the core
 
     peak = matmul_peak(device, torch.float32)   # Peak(flops=4.1e10, shape=768, ...)
 
-Cached per device name, precision, thread count, ranks on the machine (LOCAL_WORLD_SIZE: how
-many share its cores; LOCAL_SIZE under the deepspeed launcher) and torch version in $XDG_CACHE_HOME/plscale/matmul_peak.json (~/.cache
-by default; PLSCALE_PEAK_CACHE names another file, an empty value measures every time). The
+Cached per device name, precision, thread count, ranks on the machine (how many share its
+cores) and torch version in $XDG_CACHE_HOME/plscale/matmul_peak.json (~/.cache by default;
+PLSCALE_PEAK_CACHE names another file, an empty value measures every time). The
 sweep takes about a second a precision on a CPU with native kernels for it (longer for bf16 or
 fp16 on one without) and a few seconds on a GPU, once per machine. On a GPU the sweep's matrices
 are freed and the allocator's peak reset after it, so the lab's memory figures do not see them.
@@ -78,15 +78,16 @@ def _timed_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: floa
     """FLOP/s of n x n @ n x n, the best of repeated calls within `seconds` (after one warm-up)."""
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    calls = 4 if device.type == "cuda" else 1   # a GPU's kernels queue: time a few between syncs
     a @ b
     sync()
     best, start = float("inf"), time.perf_counter()
     while time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
-        for _ in range(4 if device.type == "cuda" else 1):
+        for _ in range(calls):
             a @ b
         sync()
-        best = min(best, (time.perf_counter() - t0) / (4 if device.type == "cuda" else 1))
+        best = min(best, (time.perf_counter() - t0) / calls)
     return 2 * n**3 / best
 
 
@@ -110,7 +111,7 @@ def measure(device: torch.device, dtype: torch.dtype) -> Peak:
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype) -> Peak:
-    """The cached peak of this device, precision, thread count and torch; measured when absent."""
+    """The cached peak of this device, precision, threads, ranks and torch; measured when absent."""
     threads = 0 if device.type == "cuda" else torch.get_num_threads()
     key = (f"{device_name(device)} | {str(dtype).removeprefix('torch.')} | {threads} threads | "
            f"{_local_ranks()} ranks | torch {torch.__version__}")
