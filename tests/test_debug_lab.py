@@ -90,13 +90,47 @@ def test_without_detail_the_same_mismatch_names_nothing(tmp_path):
     assert (run_dir / "stacks").is_dir()
 
 
-@pytest.mark.parametrize("setting, message", [("debug.rank=2", "debug.rank 2: there are 2 ranks"),
-                                              ("debug.step=99", "debug.step 99"),
-                                              ("dist.debug=LOUD", "dist.debug 'LOUD'"),
-                                              ("dist.timeout_s=0", "dist.timeout_s 0")])
-def test_bad_settings_are_refused_before_launch(tmp_path, setting, message):
+@pytest.mark.e2e
+def test_out_of_memory_is_predicted_then_refused_by_the_allocator(tmp_path):
+    """Each rank may allocate 160 MiB: the memory model says the step needs more, the first step
+    passes (no Adam moments yet), the second is refused by torch's CPU allocator, and the diagnosis
+    names the ranks, the lab's line and the fixes."""
+    done, run_dir, _ = launch(tmp_path, "oom", "--steps", "3")
+    out = done.stdout
+    assert done.returncode != 0, out[-3000:]
+    [this_run] = [line for line in out.splitlines() if line.strip().startswith("this run")]
+    assert "does NOT fit" in this_run, this_run
+    fixes = [line for line in out.splitlines() if line.strip().startswith(("micro-batch 1", "full recomputation",
+                                                                            "states sharded"))]
+    assert len(fixes) == 3 and all(line.rstrip().endswith("fits") for line in fixes), fixes
+    diagnosis = (run_dir / "diagnosis.txt").read_text()
+    assert diagnosis.startswith("out of memory: the allocator refused rank(s) "), diagnosis
+    assert "labs/12_debug/oom.py" in diagnosis and "DefaultCPUAllocator: can't allocate memory" in diagnosis
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1  # step 0 fitted, step 1 did not
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("fix", ["oom-micro-batch", "oom-recompute", "oom-fsdp2"])
+def test_each_fix_fits_and_its_peak_is_the_models(tmp_path, fix):
+    done, run_dir, _ = launch(tmp_path, fix, "--steps", "3")
+    assert done.returncode == 0, done.stdout[-3000:]
+    c = checks(run_dir)
+    assert c["the memory model said it would fit"]["ok"]
+    assert c["the step's peak matches the memory model, every rank"]["ok"]   # the allocator's history, within 2%
+    f = figures(load_summary(run_dir))
+    assert f["step's peak per rank"]["value"] < 160 and f["data used per rank"]["value"] < 160
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("name, setting, message", [("debug", "debug.rank=2", "debug.rank 2: there are 2 ranks"),
+                                                    ("debug", "debug.step=99", "debug.step 99"),
+                                                    ("debug", "dist.debug=LOUD", "dist.debug 'LOUD'"),
+                                                    ("debug", "dist.timeout_s=0", "dist.timeout_s 0"),
+                                                    ("oom", "train.steps=2", "the oom runs take 3 or more"),
+                                                    ("oom-fsdp2", "oom.recompute=half", "oom.recompute 'half'")])
+def test_bad_settings_are_refused_before_launch(tmp_path, name, setting, message):
     runs = tmp_path / "runs"
-    done = run_cli("lab", "run", "debug", "--gpus", "2", "--cpu", "--set", setting, env={"PLSCALE_RUNS_DIR": str(runs)})
+    done = run_cli("lab", "run", name, "--gpus", "2", "--cpu", "--set", setting, env={"PLSCALE_RUNS_DIR": str(runs)})
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not runs.exists() or not list(runs.iterdir())
 

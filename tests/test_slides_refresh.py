@@ -86,6 +86,8 @@ def one_lab(tmp_path, monkeypatch, block: str):
     ("  - file: figures/a.png\n    run: lab run x\n    take: a.png\n    colour: red\n", "unknown key"),
     ("  - file: figures/a.png\n    manual: by hand\n    why: because\n" * 2, "declared twice"),
     ("  file: figures/a.png\n", "must be a list"),
+    ("  - file: figures/a.png\n    run: lab run x\n    take: a.png\n    fails: maybe\n", "`fails:` is true"),
+    ("  - file: figures/a.png\n    manual: by hand\n    why: because it is\n    fails: true\n", "drop fails"),
 ])
 def test_a_malformed_block_is_one_clear_line(tmp_path, monkeypatch, block, says):
     lab = one_lab(tmp_path, monkeypatch, block)
@@ -126,3 +128,18 @@ def test_refresh_replaces_the_figure_and_a_failed_run_leaves_it(tmp_path, monkey
     log = Path(str(error.value).split("its log: ")[1].split(". ")[0])
     assert log.is_file() and "no_such_setting" in log.read_text()
     shutil.rmtree(log.parent)
+
+
+def test_a_run_meant_to_fail_that_succeeds_is_refused(tmp_path, monkeypatch):
+    """`fails: true` (lab 12's oom run, which fails on purpose) on a run that succeeds: the lab
+    changed, and its figure is left as it was."""
+    lab = one_lab(tmp_path, monkeypatch, (
+        "  - file: figures/loss.png\n"
+        "    run: lab run mnist-dp --gpus 2 --cpu --steps 3\n"
+        "    take: loss.png\n"
+        "    fails: true\n"))
+    kept = (lab.folder / "figures" / "loss.png").read_bytes()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="succeeded, but its figure's entry says it fails on purpose"):
+        refresh([lab], echo=lambda line: None)
+    assert (lab.folder / "figures" / "loss.png").read_bytes() == kept

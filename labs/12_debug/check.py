@@ -1,6 +1,9 @@
 """Checks of the debugging lab's settings (no torch): fail in one line before launch."""
 
+import sys
+
 from plscale.errors import UserError
+from plscale.predict.presets import PRESETS
 
 LEVELS = ("", "OFF", "INFO", "DETAIL")  # torch's TORCH_DISTRIBUTED_DEBUG
 
@@ -22,3 +25,24 @@ def check(settings: dict, topology) -> None:
         raise UserError(f"dist.timeout_s {knobs['timeout_s']}: use a positive number of seconds, such as 20.")
     if knobs["debug"] is not False and str(knobs["debug"]).upper() not in LEVELS:  # YAML reads OFF as false
         raise UserError(f"dist.debug {knobs['debug']!r}: use OFF, INFO or DETAIL (TORCH_DISTRIBUTED_DEBUG).")
+    if topology.entry == "oom.py":
+        _check_oom(settings, topology)
+
+
+def _check_oom(settings: dict, topology) -> None:
+    oom, steps = settings["oom"], settings["train"]["steps"]
+    if steps < 3:
+        raise UserError(f"train.steps {steps}: the oom runs take 3 or more (the first step has no Adam moments yet, "
+                        f"the last is recorded with the limit lifted): use --steps 3.")
+    if oom["limit_mib"] <= 0:
+        raise UserError(f"oom.limit_mib {oom['limit_mib']}: use a positive number of MiB, such as 160.")
+    if oom["model"] not in PRESETS:
+        raise UserError(f"oom.model {oom['model']!r}: use one of the presets {', '.join(PRESETS)}.")
+    if oom["recompute"] not in ("none", "selective", "full"):
+        raise UserError(f"oom.recompute {oom['recompute']!r}: use none, selective or full.")
+    for key in ("seq", "micro_batch", "grad_accum"):
+        if oom[key] < 1:
+            raise UserError(f"oom.{key} {oom[key]}: use 1 or more.")
+    if topology.device == "cpu" and not sys.platform.startswith("linux"):
+        raise UserError("The oom runs limit a CPU rank's memory with Linux's RLIMIT_DATA: run them on Linux, "
+                        "or on GPUs.")

@@ -29,6 +29,7 @@ class Variant:
     ranks: int | None = None     # a variant may need another rank count than the lab's default
     restarts: int | None = None  # a variant may need elastic restarts (e.g. one that kills a rank)
     entry: str | None = None     # a variant may run another script of the lab's folder (default: the lab's)
+    data: str | None = None      # ... and read another dataset (default: the lab's)
 
 
 @dataclass
@@ -138,7 +139,7 @@ def load_lab(folder: Path) -> Lab:
         spec = spec or {}
         variants[name] = Variant(name, spec.get("overrides") or {}, spec.get("aliases") or [],
                                  spec.get("about", ""), spec.get("launcher"), spec.get("ranks"),
-                                 spec.get("restarts"), spec.get("entry"))
+                                 spec.get("restarts"), spec.get("entry"), spec.get("data"))
     ranks = raw["ranks"]
     if (raw.get("sweep") or {}).get("layouts") not in (None, "planner"):
         raise UserError(f"{path}: sweep.layouts {raw['sweep']['layouts']!r}: the one kind is `planner` "

@@ -74,7 +74,11 @@ def caller(frames: list[dict], root: Path | None = ROOT) -> str:
         if root is not None and name.startswith(str(root) + "/"):
             name = name[len(str(root)) + 1:]
         return f"{name}:{frame['line']} ({frame['name']})"
-    return " > ".join(short(f) for f in ours[:3][::-1])
+    shown = [short(f) for f in ours[:3][::-1]]
+    lab = next((f for f in ours if "/labs/" in f["filename"]), None)   # the lab's own line, innermost
+    if lab is not None and lab not in ours[:3]:
+        shown = [short(lab), "..."] + shown[-2:]
+    return " > ".join(shown)
 
 
 def _op(entry: dict) -> str:
@@ -176,6 +180,7 @@ def where(run_dir: Path, root: Path | None = ROOT) -> dict[int, str]:
         frames = [{"filename": f, "line": int(n), "name": fn} for f, n, fn in tb_line.findall(path.read_text(errors="replace"))]
         error = (path.read_text(errors="replace").strip().splitlines()[-1:] or [""])[0]
         error = re.sub(r"\[[^\]]*(third_party|/c10/)[^\]]*\] ", "", error)  # the C++ source line of the message
+        error = re.sub(r"\[enforce fail at [^\]]*\] [^.]*\. ", "", error)  # c10's check, before the allocator's words
         error = error if len(error) < 160 else error.split(". ")[0] + " (...)"
         out[int(path.stem.split("_")[1])] = f"{caller(frames[::-1], root)}: {error[:160]}"
     fh_line = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
@@ -189,6 +194,26 @@ def where(run_dir: Path, root: Path | None = ROOT) -> dict[int, str]:
             fatal = re.search(r"Fatal Python error: (.*)", text)  # a crash (SIGABRT, SIGSEGV); else a SIGTERM
             out[rank] = f"{caller(frames, root)}: " + (fatal.group(1) if fatal else "terminated while there")
     return out
+
+
+OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes"
+                           r"|CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
+
+
+def out_of_memory(run_dir: Path) -> list[str]:
+    """One line when ranks ran out of memory: which, what the allocator refused, the fixes."""
+    refused = {}
+    for path in Path(run_dir).glob("rank_*.error"):
+        found = OUT_OF_MEMORY.search(path.read_text(errors="replace"))
+        if found:
+            cpu, cuda = found.groups()
+            refused[int(path.stem.split("_")[1])] = f"{int(cpu) / 2 ** 20:.2f} MiB" if cpu else cuda
+    if not refused:
+        return []
+    ranks = ", ".join(f"{r} ({refused[r]})" for r in sorted(refused))
+    return [f"out of memory: the allocator refused rank(s) {ranks}; the step needs less at its peak: a smaller "
+            f"micro-batch, recomputation, sharded states (ZeRO-3, FSDP2) or offload (docs/troubleshooting.md, "
+            f"Out of memory)"]
 
 
 def torch_verdict(run_dir: Path, recs: dict[int, dict]) -> list[str]:
@@ -227,7 +252,7 @@ def lines(run_dir: Path, root: Path | None = ROOT) -> list[str]:
     """The diagnosis, line by line (empty when the records say nothing); also written to diagnosis.txt."""
     run_dir = Path(run_dir)
     recs = records(run_dir)
-    named = mismatch(run_dir)
+    named = mismatch(run_dir) or out_of_memory(run_dir)
     out = named or disagreement(recs, root)
     if out and not named:  # the records disagree: torch's analyser on the same records
         verdict = torch_verdict(run_dir, recs)

@@ -65,7 +65,7 @@ def choose(name: str, variant: str | None = None, sweep: bool = False,
         raise UserError(f"--sweep runs {runs}: drop --variant.")
     if data_dir and not Path(data_dir).is_dir():
         raise UserError(f"--data-dir {data_dir} is not a folder: point it at the dataset's files.")
-    datafiles.check(lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
+    datafiles.check(chosen.data or lab.data, Path(data_dir) if data_dir else datafiles.data_dir())
     return lab, chosen
 
 

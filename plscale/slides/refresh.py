@@ -36,7 +36,7 @@ import yaml
 from plscale.errors import UserError
 from plscale.files import replacing
 
-KEYS = {"file", "run", "take", "compare", "manual", "why"}
+KEYS = {"file", "run", "take", "fails", "compare", "manual", "why"}
 HEARTBEAT_S = 60  # a line on a long run this often: its elapsed time and the last line it wrote
 
 
@@ -47,6 +47,7 @@ class Source:
     file: str                    # relative to the lab's folder, e.g. figures/loss.png
     run: tuple = ()              # plscale's arguments
     take: str | None = None      # the file the run writes in its run or sweep directory
+    fails: bool = False          # the run fails on purpose (lab 12's oom): its figure is taken all the same
     compare: tuple = ()          # several runs' arguments: the figure is report --compare's PNG
     manual: str | None = None    # how it is made by hand, when no run makes it
     why: str | None = None       # why it is not rerun
@@ -93,7 +94,7 @@ def figure_sources(lab) -> list[Source]:
                             f"(with `why:`), not {' and '.join(kinds) or 'none'}.")
         kind = kinds[0]
         needs = {"run": {"take"}, "compare": set(), "manual": {"why"}}[kind]
-        extra = set(entry) - {"file", kind} - needs
+        extra = set(entry) - {"file", kind} - needs - ({"fails"} if kind == "run" else set())
         if extra or needs - set(entry):
             raise UserError(f"{where}: `{kind}:` goes with {' '.join(f'`{k}:`' for k in ['file', *needs])} only; "
                             + (f"drop {', '.join(sorted(extra))}." if extra else f"add {', '.join(sorted(needs))}."))
@@ -106,7 +107,9 @@ def figure_sources(lab) -> list[Source]:
             take = _relative(entry["take"], where, "take")
             if Path(take).suffix != Path(file).suffix:
                 raise UserError(f"{where}: `take: {take}` and the figure differ in type: take a {Path(file).suffix} file.")
-            sources.append(Source(lab, file, run=_args(entry["run"], where), take=take))
+            if entry.get("fails", False) not in (True, False):
+                raise UserError(f"{where}: `fails:` is true (the run fails on purpose) or false.")
+            sources.append(Source(lab, file, run=_args(entry["run"], where), take=take, fails=entry.get("fails", False)))
         else:
             runs = entry["compare"]
             if not isinstance(runs, list) or len(runs) < 2:
@@ -164,7 +167,8 @@ def _refresh(sources, runs, compares, data_dir, work: Path, start: float, echo) 
     total, written, dirs = len(runs) + len(compares), [], {}
     for n, args in enumerate(runs, 1):
         mine = [s for s in sources if s.run and _with_data(s.run, s.lab, data_dir) == args]
-        dirs[args] = _run(args, work, n, total, start, echo, lenient=not mine)  # only compared: checks may fail
+        fails = any(s.fails for s in mine)
+        dirs[args] = _run(args, work, n, total, start, echo, lenient=not mine, fails=fails)  # only compared: checks may fail
         missing = [s.take for s in mine if not (dirs[args] / s.take).is_file()]
         if missing:
             raise UserError(f"`plscale {shlex.join(args)}` wrote no {', '.join(missing)} in {dirs[args]}: fix `take:` "
@@ -185,11 +189,13 @@ def _with_data(args: tuple, lab, data_dir) -> tuple:
     return args
 
 
-def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenient: bool = False) -> Path:
+def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenient: bool = False,
+         fails: bool = False) -> Path:
     """`plscale ARGS` with a runs directory of its own, its output in a log; the run (or sweep)
     directory it made. `lab run` and `report --compare` run in this process (plscale.run.flow,
     plscale.run.report); another command (`bench collectives`) as `python -m plscale.cli.main`.
-    lenient: a run that finished (summary.json) but failed its checks counts as done."""
+    lenient: a run that finished (summary.json) but failed its checks counts as done. fails: the run
+    fails on purpose; one that succeeds is an error (the lab changed), one that fails is done."""
     runs, log = work / f"runs-{n}", work / f"run-{n}.log"
     runs.mkdir()
     command = f"plscale {shlex.join(args)}"
@@ -213,7 +219,12 @@ def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenien
     if code == 130:  # Ctrl-C: the runner stopped every rank
         raise KeyboardInterrupt
     took = time.monotonic() - began
-    if code != 0 and lenient and made is not None and (made / "summary.json").is_file():
+    if fails and code == 0:
+        raise UserError(f"`{command}` succeeded, but its figure's entry says it fails on purpose (`fails: true`): "
+                        f"the lab changed; fix the run or drop `fails:`. The committed figures are unchanged.")
+    if fails and made is not None:
+        echo(f"      it failed (exit {code}), as it is meant to")
+    elif code != 0 and lenient and made is not None and (made / "summary.json").is_file():
         echo(f"      its checks failed (exit {code}), as a compared run may: kept for the comparison")
     elif code != 0:
         for line in log.read_text(errors="replace").splitlines()[-15:]:

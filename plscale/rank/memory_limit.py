@@ -1,0 +1,87 @@
+"""A smaller accelerator on purpose: a limit on what a rank may allocate from now on (lab 12's oom runs).
+
+    budget = memory_limit.impose(device, mib)   # from here on the rank may allocate `mib` MiB more
+    budget.used_mib()                           # what it holds above the level the limit was taken at
+    with budget.lifted(): ...                   # the limit off for a while (a profiler's own buffers)
+
+Past the limit the allocator refuses, with the message a full device gives:
+
+    GPU  torch.cuda.set_per_process_memory_fraction: the caching allocator stops at what it has
+         reserved now plus the budget ("CUDA out of memory. Tried to allocate ..."). Not yet run
+         on a GPU in this kit.
+    CPU  the process's data limit, RLIMIT_DATA (what `ulimit -d` sets; every private writable
+         mapping counts), at the rank's data size now plus the budget: torch's CPU allocator
+         fails with "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes".
+
+On CPU the data size counts more than tensors unless two things are settled first, which
+impose() does (measured on 2 CPU ranks, torch 2.13):
+  - glibc's malloc raises its mmap threshold each time a large block is freed, so later blocks of
+    that size come from its heap, which keeps freed memory: up to 100 MiB more on lab 12's
+    Llama. A fixed threshold (mallopt M_MMAP_THRESHOLD, 64 KiB) hands every large block back to
+    the system when it is freed, as the CUDA allocator's own accounting would count it.
+  - the first optimizer a process builds imports torch._dynamo: 69 MiB of Python's own data. It is
+    imported before the level is read, as a real run has it before it trains.
+"""
+
+import ctypes
+import resource
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from plscale.predict.units import MiB
+
+M_MMAP_THRESHOLD = -3     # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD = 64 * 1024
+
+
+def data_bytes() -> int:
+    """The process's private writable memory now: VmData of /proc/self/status, what RLIMIT_DATA caps."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmData:"))
+
+
+@dataclass
+class Budget:
+    device: torch.device
+    mib: float
+    level: int        # bytes held when the limit was taken
+
+    def used_mib(self) -> float:
+        """What the rank holds now above the level the limit was taken at."""
+        now = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else data_bytes()
+        return (now - self.level) / MiB
+
+    @contextmanager
+    def lifted(self):
+        """No limit inside the block, the same one after it (a soft limit may rise to the hard one)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
+        else:
+            soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+            resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                total = torch.cuda.get_device_properties(self.device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(1.0, (self.level + self.mib * MiB) / total), self.device)
+            else:
+                resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def impose(device: torch.device, mib: float) -> Budget:
+    """Let the rank allocate at most `mib` MiB more than it holds now."""
+    import torch._dynamo  # noqa: F401  (the optimizer would import it under the limit: see above)
+
+    if device.type == "cuda":
+        level = torch.cuda.memory_reserved(device)   # the fraction caps what the caching allocator reserves
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (level + mib * MiB) / total), device)
+        return Budget(device, mib, level)
+    if ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+        raise RuntimeError("glibc's mallopt refused a fixed mmap threshold: the CPU limit would count freed memory")
+    level = data_bytes()
+    resource.setrlimit(resource.RLIMIT_DATA, (level + int(mib * MiB), resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    return Budget(device, mib, level)
