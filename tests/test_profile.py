@@ -58,6 +58,21 @@ def test_merge_names_each_rank_and_labels_bytes():
     assert gloo["args"]["bytes"] == 1024 and gloo["ts"] == 5.0 and gloo["pid"] == 0
 
 
+def test_the_flight_recorder_names_each_collectives_group():
+    """The profiler's events carry no process group; the Flight Recorder's record of the same step
+    does, in the order the rank issued them: the runs (gloo's names, as the record's) and the calls."""
+    a = {"traceEvents": [x("c10d::allreduce_", 1000, 3, pid=1, tid=1), x("gloo:all_reduce", 1001, 9, pid=1, tid=7),
+                         x("c10d::_allgather_base_", 1004, 3, pid=1, tid=1), x("gloo:all_gather", 1010, 5, pid=1, tid=7)]}
+    issued = [{"op": "gloo:all_reduce", "group": ["0", "default_pg"], "seq": 7, "sizes": [[4]]},
+              {"op": "gloo:all_gather", "group": ["1", "undefined"], "seq": 3, "sizes": [[2]]}]
+    assert trace.label_groups(a, issued) == 4
+    labels = [(e["name"], e["args"]["group"], e["args"]["seq"]) for e in a["traceEvents"]]
+    assert labels == [("c10d::allreduce_", "default_pg (group 0)", 7), ("gloo:all_reduce", "default_pg (group 0)", 7),
+                      ("c10d::_allgather_base_", "group 1", 3), ("gloo:all_gather", "group 1", 3)]
+    b = {"traceEvents": [x("gloo:all_gather", 1001, 9, pid=1, tid=7), x("gloo:all_reduce", 1010, 5, pid=1, tid=7)]}
+    assert trace.label_groups(b, issued) == 0 and not any("group" in e["args"] for e in b["traceEvents"])
+
+
 def profiled(tmp_path, lab: str, *args) -> tuple[dict, dict, dict]:
     runs = tmp_path / "runs"
     done = run_cli("lab", "run", lab, "--gpus", "2", "--cpu", "--profile", "2", *args, env={"PLSCALE_RUNS_DIR": str(runs)})
@@ -102,6 +117,13 @@ def test_zero3_gathers_are_in_the_trace(tmp_path):
     merged, per_rank, f = profiled(tmp_path, "zero3", "--steps", "4", "--set", "model.preset=tiny",
                                    "--set", "model.seq=64", "--set", "data.val_blocks=16")
     check_every_rank(merged, "gloo:all_gather")
+    # each collective labelled with its group from the Flight Recorder; both ranks issued the same ones
+    issued = [sorted((e["args"]["seq"], e["args"]["group"], e["name"]) for e in rank_events(merged, r)
+                     if e["name"].startswith("gloo:")) for r in (0, 1)]
+    assert issued[0] and issued[0] == issued[1], issued   # the same collective under each number on both ranks
+    assert {group for _, group, _ in issued[0]} == {"default_pg (group 0)"}
+    seqs = [seq for seq, _, _ in issued[0]]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))   # one group: every number of the step, once
 
 
 @pytest.mark.e2e
@@ -113,6 +135,10 @@ def test_the_pipeline_bubble_is_waiting_in_the_trace(tmp_path):
                                    "--set", "ds.grad_accum=4")
     check_every_rank(merged, "gloo:")
     assert any(e["name"] == "gloo:recv" for e in rank_events(merged, 0) + rank_events(merged, 1))
+    # the pipeline's own groups name its collectives; its sends and receives (not in gloo's recorder) have bytes only
+    collectives = [e for r in (0, 1) for e in rank_events(merged, r)
+                   if e["name"].startswith("gloo:") and e["name"] not in ("gloo:send", "gloo:recv")]
+    assert collectives and all(e["args"]["group"].startswith(("group ", "default_pg")) for e in collectives)
     for r in per_rank.values():
         assert r["exposed_ms"] + r["idle_ms"] > 0.02 * r["step_ms"], per_rank
 

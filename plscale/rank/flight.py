@@ -9,6 +9,8 @@ as its #7. The record says which, where NCCL and gloo only say "timed out".
     flight/rank_N.pkl     this rank's record, as torch dumps it (a pickle of plain data), written
                           when the rank fails (plscale.rank.logs)
     flight/live/rank_N.pkl  the same, each time `plscale stacks` asks
+    issued_between(a, b)  the collectives of a profiled step, whose group the trace's events lack
+                          (plscale.rank.profile, plscale.rank.trace)
     ask_rank_N            a FIFO in the temporary directory (plscale.lab.rundir.asking_dir: a run
                           directory holds plain files only, it is copied and synced): whoever
                           writes to it gets a fresh flight/live/rank_N.pkl
@@ -20,6 +22,7 @@ collective, where a Python signal handler would never run.
 """
 
 import os
+import pickle
 import threading
 from pathlib import Path
 
@@ -41,6 +44,21 @@ def dump(run_dir: Path, rank: int, folder: str = "flight") -> bool:
     tmp.write_bytes(record)
     tmp.replace(folder / f"rank_{rank}.pkl")  # whole or not at all: the host may be reading
     return True
+
+
+def issued_between(start_ns: int, end_ns: int) -> list[dict] | None:
+    """This rank's collectives issued between two wall-clock times (time.time_ns(), the recorder's
+    clock), in the order issued: op, group, sequence number, sizes. None without a recorder."""
+    import torch
+    import torch.distributed as dist
+
+    dumper = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
+    if dumper is None or not dist.is_initialized():
+        return None
+    entries = pickle.loads(dumper(includeCollectives=True, onlyActive=False)).get("entries", [])
+    return [{"op": e["profiling_name"], "group": list(e["process_group"]), "seq": e["collective_seq_id"],
+             "sizes": e["input_sizes"]} for e in sorted(entries, key=lambda e: e["record_id"])
+            if start_ns <= e["time_created_ns"] <= end_ns]
 
 
 def answer_requests(run_dir: Path, rank: int) -> Path | None:

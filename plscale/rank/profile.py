@@ -3,17 +3,23 @@
 The recording starts when the lab logs step STEP-1 (ctx.metrics.step) and stops when it logs
 step STEP, so it holds exactly step STEP's work on every rank whatever the lab's loop looks
 like, and the other steps run unprofiled. Each rank writes profile/rank{R}.json, torch.profiler's
-Chrome trace (CPU ops, the comm library's threads, and on GPUs the kernels). When the lab
+Chrome trace (CPU ops, the comm library's threads, and on GPUs the kernels), and
+profile/collectives{R}.json, the step's collectives from the Flight Recorder (plscale.rank.flight),
+which know their process group where the trace's events do not. When the lab
 finishes, rank 0 merges them (plscale.rank.trace): profile/trace.json, one process per rank,
 which Perfetto (https://ui.perfetto.dev) and chrome://tracing open; profile/timeline.png; and
 the figures a student looks for, added to the summary: how much of the communication was
 hidden behind compute, each rank's idle time, the slowest rank.
 """
 
+import json
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from plscale.rank import flight
 
 
 class StepProfiler:
@@ -33,11 +39,15 @@ class StepProfiler:
             # record_shapes: the collectives' tensor sizes, from which the reader labels their bytes
             self.profiler = torch.profiler.profile(activities=activities, record_shapes=True)
             self.profiler.__enter__()
+            self.began_ns = time.time_ns()
         elif step == self.step and self.profiler is not None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.profiler.__exit__(None, None, None)
             self.profiler.export_chrome_trace(str(self.folder / f"rank{self.rank}.json"))
+            issued = flight.issued_between(self.began_ns, time.time_ns())   # each collective's group
+            if issued is not None:
+                (self.folder / f"collectives{self.rank}.json").write_text(json.dumps(issued))
             self.profiler, self.done = None, True
 
     def finish(self, world_size: int) -> list[dict]:

@@ -30,6 +30,7 @@ from plscale.rank.metrics import figure
 
 COMM_THREAD_OPS = ("gloo:", "nccl:")                 # the collective running (gloo: its threads; send/recv: the caller's)
 COMM_CALLS = ("c10d::", "record_param_comms", "nccl:")  # the main thread inside a collective call
+P2P = ("send", "recv", "SendRecv")  # point-to-point: not in gloo's Flight Recorder, so left unlabelled
 BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
          "unsigned char": 1, "signed char": 1, "bool": 1, "short int": 2}
 
@@ -135,9 +136,42 @@ def stats(p: dict) -> dict:
             "hidden_fraction": round(hidden / length(comm), 4) if length(comm) else None}
 
 
-def merge(traces: dict[int, dict]) -> dict:
+def group_label(group) -> str:
+    """A process group as the Flight Recorder names it, (name, description); torch describes every
+    new_group() "undefined", so its name (a number) tells the groups apart."""
+    name, desc = group
+    return f"{desc} (group {name})" if desc and desc != "undefined" else f"group {name}"
+
+
+def label_groups(trace: dict, issued: list[dict]) -> int:
+    """Give each collective of one rank's trace its process group and sequence number (args
+    `group`, `seq`), which the profiler's events lack, from the Flight Recorder's record of the
+    same step (plscale.rank.flight.issued_between). Both are in the order the rank issued them:
+    what runs each collective (gloo's events, NCCL's kernels) is zipped in time order with the
+    record, and must carry the record's names (gloo's); the calls (c10d::...) too when there are
+    as many. Nothing is labelled when the runs are not the record's. Sends and receives are left
+    out: gloo's recorder does not record them (a pipeline's are labelled by their bytes only).
+    Returns how many events were labelled."""
+    evs = [e for e in events(trace) if not any(p2p in e.get("name", "") for p2p in P2P)]
+    calls = sorted((e for e in evs if e.get("name", "").startswith("c10d::")), key=lambda e: float(e["ts"]))
+    runs = sorted((e for e in evs if e.get("name", "").startswith(COMM_THREAD_OPS)
+                   or (is_gpu_kernel(e) and "nccl" in e.get("name", "").lower())), key=lambda e: float(e["ts"]))
+    if len(runs) != len(issued) or any(e["name"] != entry["op"] for e, entry in zip(runs, issued)
+                                        if not is_gpu_kernel(e)):
+        return 0   # not the record's collectives in its order (gloo names both alike: gloo:all_reduce)
+    for kind in (runs, calls) if len(calls) == len(issued) else (runs,):
+        for e, entry in zip(kind, issued):
+            e["args"] = {**(e.get("args") or {}), "group": group_label(entry["group"]), "seq": entry["seq"]}
+    return len(runs) + (len(calls) if len(calls) == len(issued) else 0)
+
+
+def merge(traces: dict[int, dict], issued: dict[int, list] | None = None) -> dict:
     """One trace of every rank: process R is rank R (named so), times from the earliest event.
-    Each collective gets its bytes in args (`bytes`), as Perfetto shows on a click."""
+    Each collective gets its bytes in args (`bytes`), as Perfetto shows on a click, and, where
+    the rank's Flight Recorder record of the step is given (`issued`), its group (label_groups)."""
+    for rank, record in (issued or {}).items():
+        if rank in traces:
+            label_groups(traces[rank], record)
     starts = [min(float(e["ts"]) for e in events(t)) for t in traces.values() if events(t)]
     origin = min(starts) if starts else 0.0
     out = []
@@ -162,18 +196,21 @@ def merge(traces: dict[int, dict]) -> dict:
 def merge_run(folder: Path, world_size: int, step: int) -> list[dict]:
     """profile/rank*.json -> trace.json, timeline.png, profile.json; the summary's figures."""
     folder = Path(folder)
-    traces = {}
+    traces, issued = {}, {}
     for rank in range(world_size):
-        path = folder / f"rank{rank}.json"
+        path, record = folder / f"rank{rank}.json", folder / f"collectives{rank}.json"
         if path.is_file():
             traces[rank] = json.loads(path.read_text())
+        if record.is_file():
+            issued[rank] = json.loads(record.read_text())
     if not traces:
         return [figure("profiled step", step, note="no rank wrote a trace: the lab logged no step "
                                                     f"{step} (ctx.metrics.step)")]
-    merged = merge(traces)
+    merged = merge(traces, issued)
     (folder / "trace.json").write_text(json.dumps(merged))
     for rank in traces:
         (folder / f"rank{rank}.json").unlink()  # all in trace.json now
+        (folder / f"collectives{rank}.json").unlink(missing_ok=True)
     per_rank = {rank: parts(t) for rank, t in traces.items()}
     table = {rank: stats(p) for rank, p in per_rank.items()}
     cost = _profiling_cost(folder.parent / "metrics.jsonl", step)
