@@ -104,7 +104,7 @@ def test_out_of_memory_is_predicted_then_refused_by_the_allocator(tmp_path):
                                                                             "states sharded"))]
     assert len(fixes) == 3 and all(line.rstrip().endswith("fits") for line in fixes), fixes
     diagnosis = (run_dir / "diagnosis.txt").read_text()
-    assert diagnosis.startswith("out of memory: the allocator refused rank(s) "), diagnosis
+    assert diagnosis.startswith("out of memory (rank ") and " MiB request refused" in diagnosis.splitlines()[0], diagnosis
     assert "labs/12_debug/oom.py" in diagnosis and "DefaultCPUAllocator: can't allocate memory" in diagnosis
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1  # step 0 fitted, step 1 did not
 
@@ -132,6 +132,14 @@ def test_bad_settings_are_refused_before_launch(tmp_path, name, setting, message
     runs = tmp_path / "runs"
     done = run_cli("lab", "run", name, "--gpus", "2", "--cpu", "--set", setting, env={"PLSCALE_RUNS_DIR": str(runs)})
     assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not runs.exists() or not list(runs.iterdir())
+
+
+def test_profiling_an_oom_run_is_refused_before_launch(tmp_path):
+    """The oom runs record with torch.profiler themselves, under the limit: one profiler at a time."""
+    runs = tmp_path / "runs"
+    done = run_cli("lab", "run", "oom-fsdp2", "--gpus", "2", "--cpu", "--profile", "1", env={"PLSCALE_RUNS_DIR": str(runs)})
+    assert done.returncode == 2 and "--profile: the oom runs record their last step" in done.stderr, done.stderr
     assert not runs.exists() or not list(runs.iterdir())
 
 
@@ -201,3 +209,24 @@ def test_a_record_that_is_not_plain_data_is_refused(tmp_path):
     (tmp_path / "flight" / "rank_0.pkl").write_bytes(pickle.dumps({"entries": [], "path": tmp_path}))
     (tmp_path / "flight" / "rank_1.pkl").write_bytes(pickle.dumps(dump([entry(1, "barrier", [], 1)], 2)))
     assert set(diagnose.records(tmp_path)) == {1}
+
+
+@pytest.mark.parametrize("message, said", [
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+     "to allocate 1081344 bytes. Error code 12 (Cannot allocate memory)", "rank 1: a 1.03 MiB request refused"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB",
+     "rank 1: a 2.00 GiB request refused"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512 bytes. GPU 0", "rank 1: a 512 bytes request"),
+    ("Traceback (most recent call last):\nMemoryError", "rank 1: MemoryError, no size said"),
+    ("terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc",
+     "rank 1: std::bad_alloc, no size said"),
+])
+def test_each_allocators_refusal_reads_as_out_of_memory(tmp_path, message, said):
+    """torch's CPU and CUDA allocators (the CUDA wording from torch's c10/cuda/CUDACachingAllocator.cpp),
+    Python's and C++'s own: each read as out of memory, with the request's size where it is said."""
+    (tmp_path / "rank_1.error").write_text(message)
+    (tmp_path / "rank_0.error").write_text("RuntimeError: Connection closed by peer")
+    [line] = diagnose.out_of_memory(tmp_path)
+    assert line.startswith(f"out of memory ({said}") and "rank 0" not in line, line
+    (tmp_path / "rank_1.error").write_text("RuntimeError: Timed out waiting 20000ms")
+    assert diagnose.out_of_memory(tmp_path) == []

@@ -63,10 +63,12 @@ def test_strategies_keep_what_is_predicted_and_train_alike(cli):
     (["recompute.strategies=[]"], "recompute.strategies []: give a list of strategies"),
     (["recompute.strategies=full"], "recompute.strategies 'full': give a list of strategies"),
     (["model.attention=flash"], "model.attention 'flash': use fused (PyTorch's flash kernel"),
+    (["--profile", "1"], "--profile 1: step 1 is recorded by the allocator's history"),   # one profiler at a time
 ])
 def test_bad_input_is_refused_before_launch(quick_cli, sets, message):
     cli = quick_cli
-    out = cli("lab", "run", "recompute", *SMALL, *[a for s in sets for a in ("--set", s)])
+    flags = sets if sets[0].startswith("--") else [a for s in sets for a in ("--set", s)]   # a flag, or settings
+    out = cli("lab", "run", "recompute", *SMALL, *flags)
     assert out.returncode == 2, out.stdout + out.stderr
     text = out.stderr + out.stdout
     assert message in text, text

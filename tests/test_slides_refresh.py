@@ -86,8 +86,8 @@ def one_lab(tmp_path, monkeypatch, block: str):
     ("  - file: figures/a.png\n    run: lab run x\n    take: a.png\n    colour: red\n", "unknown key"),
     ("  - file: figures/a.png\n    manual: by hand\n    why: because\n" * 2, "declared twice"),
     ("  file: figures/a.png\n", "must be a list"),
-    ("  - file: figures/a.png\n    run: lab run x\n    take: a.png\n    fails: maybe\n", "`fails:` is true"),
-    ("  - file: figures/a.png\n    manual: by hand\n    why: because it is\n    fails: true\n", "drop fails"),
+    ("  - file: figures/a.png\n    run: lab run x\n    take: a.png\n    fails: true\n", "`fails:` is what the run says"),
+    ("  - file: figures/a.png\n    manual: by hand\n    why: because it is\n    fails: x\n", "drop fails"),
 ])
 def test_a_malformed_block_is_one_clear_line(tmp_path, monkeypatch, block, says):
     lab = one_lab(tmp_path, monkeypatch, block)
@@ -131,15 +131,40 @@ def test_refresh_replaces_the_figure_and_a_failed_run_leaves_it(tmp_path, monkey
 
 
 def test_a_run_meant_to_fail_that_succeeds_is_refused(tmp_path, monkeypatch):
-    """`fails: true` (lab 12's oom run, which fails on purpose) on a run that succeeds: the lab
+    """`fails: TEXT` (lab 12's runs, which fail on purpose) on a run that succeeds: the lab
     changed, and its figure is left as it was."""
     lab = one_lab(tmp_path, monkeypatch, (
         "  - file: figures/loss.png\n"
         "    run: lab run mnist-dp --gpus 2 --cpu --steps 3\n"
         "    take: loss.png\n"
-        "    fails: true\n"))
+        "    fails: out of memory\n"))
     kept = (lab.folder / "figures" / "loss.png").read_bytes()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(UserError, match="succeeded, but its figure's entry says it fails on purpose"):
+    with pytest.raises(UserError, match="succeeded, but its figure's entry says it fails on purpose saying"):
         refresh([lab], echo=lambda line: None)
     assert (lab.folder / "figures" / "loss.png").read_bytes() == kept
+
+
+def test_a_run_meant_to_fail_gives_its_figure_only_when_it_fails_as_said(tmp_path, monkeypatch):
+    """Lab 12's oom run (a copy of lab 12): it fails on purpose, saying so, and its chart is taken;
+    the same run declared to fail another way is refused, its figure left as it was."""
+    root = tmp_path / "labs"
+    shutil.copytree(LABS / "12_debug", root / "12_debug", ignore=shutil.ignore_patterns("__pycache__"))
+    path = root / "12_debug" / "lab.yaml"
+    text = path.read_text()
+    entry = ("  - file: figures/oom_fixes.png\n    run: lab run oom --gpus 2 --cpu\n    take: memory_fixes.png\n"
+             "    fails: {}\n")
+    path.write_text(text[:text.index("\nfigures:")] + "\nfigures:\n" + entry.format('"out of memory (rank"'))
+    monkeypatch.setenv("PLSCALE_LABS_DIR", str(root))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    target = root / "12_debug" / "figures" / "oom_fixes.png"
+    before = target.read_bytes()
+    said = []
+    assert refresh([load_lab(root / "12_debug")], echo=said.append) == [target]
+    assert target.read_bytes()[:8] == PNG and target.read_bytes() != before
+    assert any("as it is meant to: out of memory (rank" in line for line in said), said
+    path.write_text(text[:text.index("\nfigures:")] + "\nfigures:\n" + entry.format('"a hang"'))
+    kept = target.read_bytes()
+    with pytest.raises(UserError, match="without saying 'a hang'"):
+        refresh([load_lab(root / "12_debug")], echo=said.append)
+    assert target.read_bytes() == kept

@@ -28,6 +28,10 @@ def check(settings: dict, topology) -> None:
     if not 0 < settings["memory"]["tolerance"] < 1:
         raise UserError(f"memory.tolerance {settings['memory']['tolerance']}: use a fraction such as 0.05.")
     _check_recompute(settings["recompute"], config, model["preset"])
+    recorded = min(settings["recompute"]["record_step"], train["steps"] - 1)
+    if topology.entry == "recompute.py" and topology.profile == recorded:
+        raise UserError(f"--profile {recorded}: step {recorded} is recorded by the allocator's history, itself "
+                        f"torch.profiler: profile another step, or move recompute.record_step.")
     _check_precision(settings, topology)
 
 

@@ -1,6 +1,6 @@
 """Checks of the debugging lab's settings (no torch): fail in one line before launch."""
 
-import sys
+import platform
 
 from plscale.errors import UserError
 from plscale.predict.presets import PRESETS
@@ -43,6 +43,9 @@ def _check_oom(settings: dict, topology) -> None:
     for key in ("seq", "micro_batch", "grad_accum"):
         if oom[key] < 1:
             raise UserError(f"oom.{key} {oom[key]}: use 1 or more.")
-    if topology.device == "cpu" and not sys.platform.startswith("linux"):
-        raise UserError("The oom runs limit a CPU rank's memory with Linux's RLIMIT_DATA: run them on Linux, "
-                        "or on GPUs.")
+    if topology.profile is not None:
+        raise UserError("--profile: the oom runs record their last step with the allocator's history, itself "
+                        "torch.profiler, and a profiler's buffers would count against the limit: leave --profile out.")
+    if topology.device == "cpu" and platform.libc_ver()[0] != "glibc":
+        raise UserError("The oom runs limit a CPU rank's memory with Linux's RLIMIT_DATA and glibc's mallopt: run "
+                        "them on Linux with glibc (not macOS, not musl), or on GPUs.")

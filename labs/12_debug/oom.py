@@ -64,9 +64,11 @@ for name, s in {"this run": step, **step_memory.fixes(step)}.items():
     p = step_memory.peak(s)
     rows[name] = ({k: v / MiB for k, v in p.terms.items()}, p.host / MiB)
     terms = " + ".join(f"{k} {v / MiB:.1f}" for k, v in p.terms.items())
-    host = (f"   (+ {p.host / MiB:.1f} on the host" + ("; on CPU ranks the host is this memory: not run)" if dev.type == "cpu"
-                                                 else ")")) if p.host else ""
-    ctx.log(f"  {name:34} {p.device / MiB:7.1f} = {terms}   {'fits' if p.fits(limit) else 'does NOT fit'}{host}")
+    verdict = "fits" if p.fits(limit) else "does NOT fit"
+    if p.host:   # offload: the device's part against the limit, the states beside it
+        verdict = f"{verdict} on the device, + {p.host / MiB:.1f} on the host"
+        verdict += " (on CPU ranks the host is this memory: not run here)" if dev.type == "cpu" else ""
+    ctx.log(f"  {name:34} {p.device / MiB:7.1f} = {terms}   {verdict}")
 if ctx.is_main:
     fixes_chart(ctx.run_dir / "memory_fixes.png", rows, limit, f"{ctx.variant}: the step's peak per rank, "
                 f"predicted, and each fix's ({N} ranks)")
@@ -102,14 +104,15 @@ def held() -> float:
 
 
 # ---- Training under the limit; the last step recorded by the allocator ---------------------------
-def train(t: int, limited: bool = True) -> float:
-    global used
-    loss_sum = torch.zeros((), device=dev)
+def train(t: int, limit_on: bool = True) -> tuple[float, float]:
+    """One step: (its loss, the most data the rank held above the limit's level, sampled after each
+    forward and the step; None when the limit was off)."""
+    loss_sum, used = torch.zeros((), device=dev), 0.0
     for block in shards.step(t):
         block = block.to(dev)
         with allocations.phase("forward"):
             loss = model(block[:, :-1], block[:, 1:])
-        used = max(used, budget.used_mib()) if limited else used
+        used = max(used, budget.used_mib())
         with allocations.phase("backward"):
             (loss / accum).backward()
         loss_sum += loss.detach()
@@ -120,27 +123,30 @@ def train(t: int, limited: bool = True) -> float:
     with allocations.phase("step"):
         opt.step()
     opt.zero_grad(set_to_none=False)  # the gradients stay allocated: held at their peak all along
-    used = max(used, budget.used_mib()) if limited else used
+    used = max(used, budget.used_mib())
     dist.all_reduce(loss_sum)
-    return loss_sum.item() / (N * accum)
+    return loss_sum.item() / (N * accum), used if limit_on else None
 
 
-recorded, used = steps - 1, 0.0   # the last: the steps before it ran under the limit, moments and all
+recorded, uses = steps - 1, []   # the last step: the steps before it ran under the limit, moments and all
 for t in range(steps):
     if t == recorded:    # the limit lifted: the profiler's own buffers are not the model's
         level = held()   # the states; the history counts from here
         with budget.lifted(), allocations.record(dev) as rec:
-            loss = train(t, limited=False)
+            loss, used = train(t, limit_on=False)
     else:
-        loss = train(t)
-    ctx.metrics.step(step=t, loss=loss, data_mib=round(used, 1))
-    ctx.metrics.progress("train", t + 1, steps, f"loss {loss:.3f}, {used:.0f} of {limit:g} MiB")
+        loss, used = train(t)
+        uses.append(used)
+    ctx.metrics.step(step=t, loss=loss, data_mib=None if used is None else round(used, 1))
+    ctx.metrics.progress("train", t + 1, steps, f"loss {loss:.3f}" + (f", {used:.0f} of {limit:g} MiB sampled"
+                                                                         if used is not None else ", the limit lifted"))
+budget.release()
 
 # ---- It fitted: what each rank measured against the model -----------------------------------------
-everyone = gathered({"peak": level + rec.history.peak(), "used": used})
+everyone = gathered({"peak": level + rec.history.peak(), "used": max(uses)})
 peaks, uses = [r["peak"] for r in everyone], [r["used"] for r in everyone]
 ctx.log(f"\nstep {recorded}'s peak per rank, MiB (states {level / MiB:.1f} + the allocator's history's highest), and the "
-        f"data the rank added under the limit (sampled after each forward and step before it):")
+        f"most data the rank held above the limit's level in the steps before (sampled after each forward and step):")
 for r in range(N):
     ctx.log(f"  rank {r}: tensors {peaks[r] / MiB:7.1f} (model {want.device / MiB:.1f})   data {uses[r]:7.1f} of {limit:g}")
 ctx.check("the memory model said it would fit", want.fits(limit),

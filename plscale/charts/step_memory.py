@@ -1,7 +1,8 @@
 """A step's peak memory per rank, term by term, for a run and each of its fixes, against the limit (lab 12).
 
 One horizontal bar a row, its terms stacked (states, kept, backward, gathered; offload's host part
-hatched beside it), and the limit as a line: what fits is left of it.
+hatched beside it, not counted against the device's limit), and the limit as a line: what fits is
+left of it.
 """
 
 from pathlib import Path
@@ -28,7 +29,7 @@ def fixes_chart(path: Path, rows: dict, limit_mib: float, title: str) -> None:
             left += mib
         if host:
             ax.barh(y, host, left=left, color="white", edgecolor="#4c72b0", hatch="//", height=0.6,
-                    label="states on the host" if "host" not in seen else None)
+                    label="states on the host (not against the limit)" if "host" not in seen else None)
             seen.add("host")
         ax.text(left + host + 2, y, f"{left:.0f} MiB" + (f" + {host:.0f} host" if host else ""), va="center",
                 fontsize=8)
@@ -39,7 +40,7 @@ def fixes_chart(path: Path, rows: dict, limit_mib: float, title: str) -> None:
     ax.set_xlabel("MiB per rank at the step's peak (plscale/predict/step_memory.py)")
     ax.set_xlim(0, 1.25 * max(sum(t.values()) + h for t, h in rows.values()))
     handles, labels = ax.get_legend_handles_labels()
-    order = [*COLOURS, "states on the host"]
+    order = [*COLOURS, "states on the host (not against the limit)"]
     pairs = sorted(zip(labels, handles), key=lambda lh: order.index(lh[0]) if lh[0] in order else len(order))
     ax.legend([h for _, h in pairs], [lab for lab, _ in pairs], fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title(title, fontsize=9)

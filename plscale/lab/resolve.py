@@ -38,6 +38,7 @@ class Topology:
     world_size: int
     device: str      # "cuda" or "cpu"
     entry: str = ""  # the script the variant's ranks run ("precision.py"); resolve_run fills it in
+    profile: int | None = None  # --profile STEP (a lab that runs torch.profiler itself may refuse it)
 
 
 @dataclass
@@ -70,7 +71,7 @@ def resolve_run(lab: Lab, variant: Variant, topology, sets=(), steps: int | None
     if settings.get("parallel"):
         settings["parallel"] = {k: topology.world_size if v == "world" else v for k, v in settings["parallel"].items()}
     layout = layout_of(settings, topology.world_size)
-    topology = replace(topology, entry=lab.entry_of(variant).name)
+    topology = replace(topology, entry=lab.entry_of(variant).name, profile=profile)
     lab.check_settings(settings, topology)
     config = _ds_config(settings, layout, topology.device, ds_config_file)
     try:

@@ -24,15 +24,14 @@ moment is where a run runs out of memory. For plscale's Llama in fp32, trained w
 
 Measured with the allocator's history (plscale.rank.allocations), fp32 on CPU: equal to the
 history's peak within 1% on presets tiny and deep (lab 12's shape) for each branch of the max, and
-for no, full and selective recomputation (tests/test_step_memory.py); within 0.3% in lab 12's
-oom runs on 2 ranks, replicas and FSDP2 (tests/test_debug_lab.py). The moments in between
+for no, full and selective recomputation (tests/test_step_memory.py); in lab 12's oom runs on
+2 ranks, replicas and FSDP2, checked within 2% (0.3% measured; tests/test_debug_lab.py). The moments in between
 (autograd frees what each op saved as it goes) are below these. The head and rerun are not known
 to be exact for mixed precision or GPU kernels: bf16 and fused kernels keep other things.
 
 Left out: the optimizer step's temporaries (two of the largest tensor: below the backward's
 peak), and what is not a tensor: the process's own memory (Python's objects, the allocator's
-rounding, gloo's buffers; on lab 12's CPU ranks 6-8 MiB above this peak, found by bisecting the
-limit at which its runs start to fail: 188, 127, 127 and 142 MiB against 182.3, 119.8, 121.1 and 134.3), and on GPUs the CUDA context and the caching allocator's
+rounding, gloo's buffers: a few MiB on lab 12's CPU ranks, measured in its README), and on GPUs the CUDA context and the caching allocator's
 fragmentation. Keep room for them: a step predicted within a few percent of a limit may still fail.
 
 `fixes` asks the same of the four fixes of lab 12 and docs/troubleshooting.md: a smaller micro-batch

@@ -115,6 +115,9 @@ class Recorder:
 @contextmanager
 def record(device: torch.device):
     """Record the allocator's events on `device` (and every labelled interval) inside the block."""
+    if torch.autograd.profiler._is_profiler_enabled:   # kineto records one session at a time
+        raise RuntimeError("the allocator's history runs torch.profiler, and a profiler is already recording "
+                           "(--profile of the same step?): profile another step, or leave --profile out")
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)

@@ -48,12 +48,17 @@ def dump(run_dir: Path, rank: int, folder: str = "flight") -> bool:
 
 def issued_between(start_ns: int, end_ns: int) -> list[dict] | None:
     """This rank's collectives issued between two wall-clock times (time.time_ns(), the recorder's
-    clock), in the order issued: op, group, sequence number, sizes. None without a recorder."""
+    clock), in the order issued: op, group, sequence number, sizes. None without a recorder.
+    Checked on gloo; the NCCL recorder's dump is read the same way, not yet run here."""
     import torch
     import torch.distributed as dist
 
-    dumper = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
-    if dumper is None or not dist.is_initialized():
+    if not dist.is_initialized():
+        return None
+    # NCCL keeps its own recorder (the one its watchdog dumps on a timeout); gloo the generic one
+    name = "_dump_nccl_trace" if dist.get_backend() == "nccl" else "_dump_fr_trace"
+    dumper = getattr(torch._C._distributed_c10d, name, None)
+    if dumper is None:
         return None
     entries = pickle.loads(dumper(includeCollectives=True, onlyActive=False)).get("entries", [])
     return [{"op": e["profiling_name"], "group": list(e["process_group"]), "seq": e["collective_seq_id"],

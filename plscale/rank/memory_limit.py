@@ -3,6 +3,7 @@
     budget = memory_limit.impose(device, mib)   # from here on the rank may allocate `mib` MiB more
     budget.used_mib()                           # what it holds above the level the limit was taken at
     with budget.lifted(): ...                   # the limit off for a while (a profiler's own buffers)
+    budget.release()                            # off for good, before the run reports
 
 Past the limit the allocator refuses, with the message a full device gives:
 
@@ -10,8 +11,9 @@ Past the limit the allocator refuses, with the message a full device gives:
          reserved now plus the budget ("CUDA out of memory. Tried to allocate ..."). Not yet run
          on a GPU in this kit.
     CPU  the process's data limit, RLIMIT_DATA (what `ulimit -d` sets; every private writable
-         mapping counts), at the rank's data size now plus the budget: torch's CPU allocator
-         fails with "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes".
+         mapping counts, on Linux 4.7 and later), at the rank's data size now plus the budget:
+         torch's CPU allocator fails with "DefaultCPUAllocator: can't allocate memory: you tried
+         to allocate N bytes" (Python's own allocations with MemoryError). glibc only (mallopt).
 
 On CPU the data size counts more than tensors unless two things are settled first, which
 impose() does (measured on 2 CPU ranks, torch 2.13):
@@ -47,28 +49,28 @@ class Budget:
     device: torch.device
     mib: float
     level: int        # bytes held when the limit was taken
+    before: int = resource.RLIM_INFINITY   # CPU: the soft data limit before, which release() restores
 
     def used_mib(self) -> float:
         """What the rank holds now above the level the limit was taken at."""
         now = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else data_bytes()
         return (now - self.level) / MiB
 
-    @contextmanager
-    def lifted(self):
-        """No limit inside the block, the same one after it (a soft limit may rise to the hard one)."""
+    def release(self) -> None:
+        """The limit off from now on: as it was before impose()."""
         if self.device.type == "cuda":
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
         else:
-            soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-            resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+            resource.setrlimit(resource.RLIMIT_DATA, (self.before, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+
+    @contextmanager
+    def lifted(self):
+        """No limit inside the block, the same one after it."""
+        self.release()
         try:
             yield
         finally:
-            if self.device.type == "cuda":
-                total = torch.cuda.get_device_properties(self.device).total_memory
-                torch.cuda.set_per_process_memory_fraction(min(1.0, (self.level + self.mib * MiB) / total), self.device)
-            else:
-                resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+            _cap(self.device, self.level + int(self.mib * MiB))
 
 
 def impose(device: torch.device, mib: float) -> Budget:
@@ -76,12 +78,26 @@ def impose(device: torch.device, mib: float) -> Budget:
     import torch._dynamo  # noqa: F401  (the optimizer would import it under the limit: see above)
 
     if device.type == "cuda":
+        x = torch.ones(64, 64, device=device)
+        (x @ x).sum().item()   # cuBLAS's handle and workspace, made lazily by the first matmul: before the limit
         level = torch.cuda.memory_reserved(device)   # the fraction caps what the caching allocator reserves
+    else:
+        if ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
+            raise RuntimeError("glibc's mallopt refused a fixed mmap threshold: the limit would count freed memory")
+        level = data_bytes()
+    before = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    _cap(device, level + int(mib * MiB))
+    return Budget(device, mib, level, before)
+
+
+def _cap(device: torch.device, most: int) -> None:
+    """At most `most` bytes: reserved by the CUDA caching allocator, or of the process's data."""
+    if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, (level + mib * MiB) / total), device)
-        return Budget(device, mib, level)
-    if ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) != 1:
-        raise RuntimeError("glibc's mallopt refused a fixed mmap threshold: the CPU limit would count freed memory")
-    level = data_bytes()
-    resource.setrlimit(resource.RLIMIT_DATA, (level + int(mib * MiB), resource.getrlimit(resource.RLIMIT_DATA)[1]))
-    return Budget(device, mib, level)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, most / total), device)
+        return
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    if hard != resource.RLIM_INFINITY and most > hard:
+        raise RuntimeError(f"the hard data limit (ulimit -d) is {hard / MiB:.0f} MiB, below the {most / MiB:.0f} "
+                           f"MiB asked: lower the budget, or raise the hard limit")
+    resource.setrlimit(resource.RLIMIT_DATA, (most, hard))

@@ -30,7 +30,7 @@ from plscale.rank.metrics import figure
 
 COMM_THREAD_OPS = ("gloo:", "nccl:")                 # the collective running (gloo: its threads; send/recv: the caller's)
 COMM_CALLS = ("c10d::", "record_param_comms", "nccl:")  # the main thread inside a collective call
-P2P = ("send", "recv", "SendRecv")  # point-to-point: not in gloo's Flight Recorder, so left unlabelled
+GLOO_P2P = ("gloo:send", "gloo:recv", "c10d::send", "c10d::recv_", "c10d::recv_any_source_")  # not in gloo's recorder
 BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
          "unsigned char": 1, "signed char": 1, "bool": 1, "short int": 2}
 
@@ -143,22 +143,32 @@ def group_label(group) -> str:
     return f"{desc} (group {name})" if desc and desc != "undefined" else f"group {name}"
 
 
+def _same(e: dict, entry: dict) -> bool:
+    """Whether a trace event can be the record's entry: gloo's events carry the record's op name
+    (gloo:all_reduce, for a reduce-scatter too) and its input sizes; NCCL's kernels neither."""
+    if is_gpu_kernel(e):
+        return True
+    dims = (e.get("args") or {}).get("Input Dims")
+    return e.get("name") == entry["op"] and (not dims or not entry.get("sizes") or dims == entry["sizes"])
+
+
 def label_groups(trace: dict, issued: list[dict]) -> int:
     """Give each collective of one rank's trace its process group and sequence number (args
     `group`, `seq`), which the profiler's events lack, from the Flight Recorder's record of the
     same step (plscale.rank.flight.issued_between). Both are in the order the rank issued them:
     what runs each collective (gloo's events, NCCL's kernels) is zipped in time order with the
-    record, and must carry the record's names (gloo's); the calls (c10d::...) too when there are
-    as many. Nothing is labelled when the runs are not the record's. Sends and receives are left
-    out: gloo's recorder does not record them (a pipeline's are labelled by their bytes only).
-    Returns how many events were labelled."""
-    evs = [e for e in events(trace) if not any(p2p in e.get("name", "") for p2p in P2P)]
-    calls = sorted((e for e in evs if e.get("name", "").startswith("c10d::")), key=lambda e: float(e["ts"]))
-    runs = sorted((e for e in evs if e.get("name", "").startswith(COMM_THREAD_OPS)
-                   or (is_gpu_kernel(e) and "nccl" in e.get("name", "").lower())), key=lambda e: float(e["ts"]))
-    if len(runs) != len(issued) or any(e["name"] != entry["op"] for e, entry in zip(runs, issued)
-                                        if not is_gpu_kernel(e)):
-        return 0   # not the record's collectives in its order (gloo names both alike: gloo:all_reduce)
+    record, and must carry the record's names and sizes (gloo's); the calls (c10d::...) too when
+    there are as many. Nothing is labelled when the runs are not the record's. gloo's sends and
+    receives are left out: its recorder does not record them (a pipeline's keep their bytes only).
+    On NCCL the kernels are zipped with the NCCL recorder's entries by order alone (not yet run
+    here: a kernel carries no op name or sizes to check). Returns how many events were labelled."""
+    evs = [e for e in events(trace) if e.get("name") not in GLOO_P2P]
+    by_time = lambda es: sorted(es, key=lambda e: float(e["ts"]))  # noqa: E731
+    calls = by_time(e for e in evs if e.get("name", "").startswith("c10d::"))
+    kernels = by_time(e for e in evs if is_gpu_kernel(e) and "nccl" in e.get("name", "").lower())
+    runs = kernels or by_time(e for e in evs if e.get("name", "").startswith(COMM_THREAD_OPS))
+    if len(runs) != len(issued) or any(not _same(e, entry) for e, entry in zip(runs, issued)):
+        return 0   # not the record's collectives in its order
     for kind in (runs, calls) if len(calls) == len(issued) else (runs,):
         for e, entry in zip(kind, issued):
             e["args"] = {**(e.get("args") or {}), "group": group_label(entry["group"]), "seq": entry["seq"]}

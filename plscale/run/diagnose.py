@@ -75,7 +75,8 @@ def caller(frames: list[dict], root: Path | None = ROOT) -> str:
             name = name[len(str(root)) + 1:]
         return f"{name}:{frame['line']} ({frame['name']})"
     shown = [short(f) for f in ours[:3][::-1]]
-    lab = next((f for f in ours if "/labs/" in f["filename"]), None)   # the lab's own line, innermost
+    labs = f"{root}/labs/" if root is not None else "/labs/"
+    lab = next((f for f in ours if f["filename"].startswith(labs)), None)   # the lab's own line, innermost
     if lab is not None and lab not in ours[:3]:
         shown = [short(lab), "..."] + shown[-2:]
     return " > ".join(shown)
@@ -196,24 +197,26 @@ def where(run_dir: Path, root: Path | None = ROOT) -> dict[int, str]:
     return out
 
 
-OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes"
-                           r"|CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
+OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (?P<cpu>\d+) bytes"
+                           r"|CUDA out of memory\. Tried to allocate (?P<cuda>[\d.]+ (?:[KMGT]i)?B|\d+ bytes)"
+                           r"|(?P<other>^MemoryError|std::bad_alloc)", re.MULTILINE)
 
 
 def out_of_memory(run_dir: Path) -> list[str]:
-    """One line when ranks ran out of memory: which, what the allocator refused, the fixes."""
+    """One line when ranks ran out of memory: which, the request refused, the fixes. torch's CPU
+    and CUDA allocators say how much; Python (MemoryError) and C++ (std::bad_alloc) do not."""
     refused = {}
     for path in Path(run_dir).glob("rank_*.error"):
         found = OUT_OF_MEMORY.search(path.read_text(errors="replace"))
         if found:
-            cpu, cuda = found.groups()
-            refused[int(path.stem.split("_")[1])] = f"{int(cpu) / 2 ** 20:.2f} MiB" if cpu else cuda
+            cpu, cuda, _ = found.group("cpu", "cuda", "other")
+            refused[int(path.stem.split("_")[1])] = (f"a {int(cpu) / 2 ** 20:.2f} MiB request refused" if cpu else
+                                                     f"a {cuda} request refused" if cuda else f"{found.group('other')}, no size said")
     if not refused:
         return []
-    ranks = ", ".join(f"{r} ({refused[r]})" for r in sorted(refused))
-    return [f"out of memory: the allocator refused rank(s) {ranks}; the step needs less at its peak: a smaller "
-            f"micro-batch, recomputation, sharded states (ZeRO-3, FSDP2) or offload (docs/troubleshooting.md, "
-            f"Out of memory)"]
+    ranks = "; ".join(f"rank {r}: {refused[r]}" for r in sorted(refused))
+    return [f"out of memory ({ranks}): the step needs less at its peak: a smaller micro-batch, recomputation, "
+            f"sharded states (ZeRO-3, FSDP2) or offload (docs/troubleshooting.md, Out of memory)"]
 
 
 def torch_verdict(run_dir: Path, recs: dict[int, dict]) -> list[str]:

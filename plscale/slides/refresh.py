@@ -47,7 +47,7 @@ class Source:
     file: str                    # relative to the lab's folder, e.g. figures/loss.png
     run: tuple = ()              # plscale's arguments
     take: str | None = None      # the file the run writes in its run or sweep directory
-    fails: bool = False          # the run fails on purpose (lab 12's oom): its figure is taken all the same
+    fails: str | None = None     # the run fails on purpose (lab 12's), its output saying this: its figure is taken
     compare: tuple = ()          # several runs' arguments: the figure is report --compare's PNG
     manual: str | None = None    # how it is made by hand, when no run makes it
     why: str | None = None       # why it is not rerun
@@ -107,9 +107,11 @@ def figure_sources(lab) -> list[Source]:
             take = _relative(entry["take"], where, "take")
             if Path(take).suffix != Path(file).suffix:
                 raise UserError(f"{where}: `take: {take}` and the figure differ in type: take a {Path(file).suffix} file.")
-            if entry.get("fails", False) not in (True, False):
-                raise UserError(f"{where}: `fails:` is true (the run fails on purpose) or false.")
-            sources.append(Source(lab, file, run=_args(entry["run"], where), take=take, fails=entry.get("fails", False)))
+            fails = entry.get("fails")
+            if fails is not None and (not isinstance(fails, str) or not fails.strip()):
+                raise UserError(f"{where}: `fails:` is what the run says when it fails on purpose, e.g. "
+                                f"`fails: \"[FAIL] ranks keep pace\"`.")
+            sources.append(Source(lab, file, run=_args(entry["run"], where), take=take, fails=fails))
         else:
             runs = entry["compare"]
             if not isinstance(runs, list) or len(runs) < 2:
@@ -167,8 +169,11 @@ def _refresh(sources, runs, compares, data_dir, work: Path, start: float, echo) 
     total, written, dirs = len(runs) + len(compares), [], {}
     for n, args in enumerate(runs, 1):
         mine = [s for s in sources if s.run and _with_data(s.run, s.lab, data_dir) == args]
-        fails = any(s.fails for s in mine)
-        dirs[args] = _run(args, work, n, total, start, echo, lenient=not mine, fails=fails)  # only compared: checks may fail
+        said = {s.fails for s in mine}
+        if len(said) > 1:
+            raise UserError(f"`plscale {shlex.join(args)}`: its figures' entries disagree on `fails:` "
+                            f"({', '.join(repr(f) for f in said)}): give them the same.")
+        dirs[args] = _run(args, work, n, total, start, echo, lenient=not mine, fails=said.pop() if said else None)
         missing = [s.take for s in mine if not (dirs[args] / s.take).is_file()]
         if missing:
             raise UserError(f"`plscale {shlex.join(args)}` wrote no {', '.join(missing)} in {dirs[args]}: fix `take:` "
@@ -190,12 +195,12 @@ def _with_data(args: tuple, lab, data_dir) -> tuple:
 
 
 def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenient: bool = False,
-         fails: bool = False) -> Path:
+         fails: str | None = None) -> Path:
     """`plscale ARGS` with a runs directory of its own, its output in a log; the run (or sweep)
     directory it made. `lab run` and `report --compare` run in this process (plscale.run.flow,
     plscale.run.report); another command (`bench collectives`) as `python -m plscale.cli.main`.
     lenient: a run that finished (summary.json) but failed its checks counts as done. fails: the run
-    fails on purpose; one that succeeds is an error (the lab changed), one that fails is done."""
+    fails on purpose and its output says this; one that succeeds, or fails otherwise, is an error."""
     runs, log = work / f"runs-{n}", work / f"run-{n}.log"
     runs.mkdir()
     command = f"plscale {shlex.join(args)}"
@@ -219,11 +224,12 @@ def _run(args: tuple, work: Path, n: int, total: int, start: float, echo, lenien
     if code == 130:  # Ctrl-C: the runner stopped every rank
         raise KeyboardInterrupt
     took = time.monotonic() - began
-    if fails and code == 0:
-        raise UserError(f"`{command}` succeeded, but its figure's entry says it fails on purpose (`fails: true`): "
-                        f"the lab changed; fix the run or drop `fails:`. The committed figures are unchanged.")
-    if fails and made is not None:
-        echo(f"      it failed (exit {code}), as it is meant to")
+    if fails and (code == 0 or made is None or fails not in log.read_text(errors="replace")):
+        how = "succeeded" if code == 0 else f"failed (exit {code}) without saying {fails!r}"
+        raise UserError(f"`{command}` {how}, but its figure's entry says it fails on purpose saying {fails!r}: the lab "
+                        f"changed; fix the run or its `fails:`. Its log: {log}. The committed figures are unchanged.")
+    if fails:
+        echo(f"      it failed (exit {code}), as it is meant to: {fails}")
     elif code != 0 and lenient and made is not None and (made / "summary.json").is_file():
         echo(f"      its checks failed (exit {code}), as a compared run may: kept for the comparison")
     elif code != 0:
