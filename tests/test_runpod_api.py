@@ -243,7 +243,8 @@ def test_the_watchdog_ends_its_pod_at_the_deadline(rp, sshd):
     folder = rp.watchdogs()[pod_id]
     (folder / "deadline").write_text(f"{time.time() - 1:.0f}\n")
     assert wait_for(lambda: rp.fake.alive() == []), (folder / "status").read_text()
-    assert (folder / "status").read_text().startswith("ended")
+    # the watchdog writes its status just after its DELETE is answered: wait for it, as for the pod
+    assert wait_for(lambda: (folder / "status").read_text().startswith("ended")), (folder / "status").read_text()
     [delete] = [r for r in rp.fake.requests if r["method"] == "DELETE"]
     assert (delete["path"], delete["key"]) == (f"/v2/pods/{pod_id}", f"pod:{pod_id}")
     status = rp("status")

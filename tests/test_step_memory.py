@@ -62,8 +62,9 @@ def test_the_fixes_each_change_one_thing_and_offload_leaves_the_device():
     base = step_memory.peak(step)
     assert fixes["micro-batch 1, accumulated"].grad_accum == 6   # the same global batch
     assert all(step_memory.peak(s).device < base.device for s in fixes.values())
-    offload = step_memory.peak(fixes["states offloaded to host (FSDP2)"])
+    psi = param_count(PRESETS["deep"])
+    offload = step_memory.peak(fixes["optimizer offloaded to host"])
+    assert (offload.terms["states"], offload.host) == (8 * psi, 12 * psi)   # weights, gradients | fp32 copy, moments
     sharded = step_memory.peak(fixes["states sharded (FSDP2)"])
-    assert offload.host == sharded.terms["states"] and "states" not in offload.terms
     # 2 ranks share each tensor's rows: half of 16 bytes a parameter (every dim 0 of deep is even)
-    assert sharded.terms["states"] == 8 * param_count(PRESETS["deep"])
+    assert sharded.terms["states"] == 8 * psi

@@ -38,6 +38,9 @@ def _check_oom(settings: dict, topology) -> None:
         raise UserError(f"oom.limit_mib {oom['limit_mib']}: use a positive number of MiB, such as 160.")
     if oom["model"] not in PRESETS:
         raise UserError(f"oom.model {oom['model']!r}: use one of the presets {', '.join(PRESETS)}.")
+    if oom["offload"] and oom["fsdp2"]:
+        raise UserError("oom.offload with oom.fsdp2: the oom runs offload a replica's optimizer (ZeRO-Offload by hand); "
+                        "choose one of the two fixes.")
     if oom["recompute"] not in ("none", "selective", "full"):
         raise UserError(f"oom.recompute {oom['recompute']!r}: use none, selective or full.")
     for key in ("seq", "micro_batch", "grad_accum"):

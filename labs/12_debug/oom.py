@@ -12,12 +12,13 @@ for each of the usual fixes:
     oom-micro-batch   micro-batch 1, six accumulated: the same global batch, a sixth of the activations
     oom-recompute     full recomputation: each layer keeps its input only, and runs again in the backward
     oom-fsdp2         the states sharded over the ranks (FSDP2, ZeRO-3's memory)
-    offload           the states in host memory: predicted only, a CPU rank's host is its memory
+    oom-offload       the optimizer (its fp32 copy of the weights, its moments) in host memory: a
+                      CPU rank's host is an anonymous shared mapping, which the limit does not count
 
 A run that fits records its last step with the allocator's history (plscale/rank/allocations.py),
 the limit lifted for the profiler's own buffers, and checks the step's peak against the model's.
 
-    plscale lab run oom --gpus 2            (oom-micro-batch, oom-recompute, oom-fsdp2)
+    plscale lab run oom --gpus 2            (oom-micro-batch, oom-recompute, oom-fsdp2, oom-offload)
     torchrun --nproc_per_node 2 labs/12_debug/oom.py --variant oom-fsdp2
 """
 
@@ -51,11 +52,12 @@ shards = wikitext.Shards(wikitext.pack(tokens.train, O["seq"]), micro, accum, ct
 ctx.log(f"data: {corpus.source}")
 
 # ---- The memory model first: this step's peak on each rank, and each fix's ---------------------
-step = step_memory.Step(config, O["seq"], micro, N, accum, O["recompute"], O["fsdp2"])
+step = step_memory.Step(config, O["seq"], micro, N, accum, O["recompute"], O["fsdp2"], O["offload"])
 want = step_memory.peak(step)
 ctx.log(f"model: Llama-shaped {O['model']!r}, {config.layers} layers, seq {O['seq']}; micro-batch {micro} x {accum} "
         f"accumulated on each of {N} ranks; recomputation {O['recompute']}; "
-        f"{'states sharded by FSDP2' if O['fsdp2'] else 'a whole replica on each rank'}\n"
+        f"{'states sharded by FSDP2' if O['fsdp2'] else 'a whole replica on each rank'}"
+        f"{', its optimizer on the host' if O['offload'] else ''}\n"
         f"the memory model's peak per rank, MiB (plscale/predict/step_memory.py), against the limit of {limit:g} MiB:")
 rows = {}
 for name, s in {"this run": step, **step_memory.fixes(step)}.items():
@@ -67,7 +69,7 @@ for name, s in {"this run": step, **step_memory.fixes(step)}.items():
     verdict = "fits" if p.fits(limit) else "does NOT fit"
     if p.host:   # offload: the device's part against the limit, the states beside it
         verdict = f"{verdict} on the device, + {p.host / MiB:.1f} on the host"
-        verdict += " (on CPU ranks the host is this memory: not run here)" if dev.type == "cpu" else ""
+        verdict += " (a CPU rank's host: shared memory, outside the limit)" if dev.type == "cpu" else ""
     ctx.log(f"  {name:34} {p.device / MiB:7.1f} = {terms}   {verdict}")
 if ctx.is_main:
     fixes_chart(ctx.run_dir / "memory_fixes.png", rows, limit, f"{ctx.variant}: the step's peak per rank, "
@@ -87,8 +89,16 @@ if O["fsdp2"]:  # shards only: built on the meta device, then each rank's shards
     model.reset_parameters()
 else:
     model = recompute.apply(Llama(config).to(dev), O["recompute"])
+params = stepped = list(model.parameters())
+if O["offload"]:   # ZeRO-Offload by hand: the optimizer's fp32 copy of the weights and its moments on the host
+    stepped = [budget.host_zeros(p).copy_(p.detach()) for p in params]
+    for h in stepped:
+        h.grad = budget.host_zeros(h)
 # foreach=False: torch's multi-tensor AdamW allocates temporaries of a whole group of tensors at once
-opt = torch.optim.AdamW(model.parameters(), lr=O["lr"], foreach=False)
+opt = torch.optim.AdamW(stepped, lr=O["lr"], foreach=False)
+if O["offload"]:   # the moments made on the host now (AdamW would make them in private memory at its first step)
+    opt.state.update({h: {"step": torch.tensor(0.0), "exp_avg": budget.host_zeros(h),
+                          "exp_avg_sq": budget.host_zeros(h)} for h in stepped})
 
 
 def local(t: torch.Tensor) -> int:
@@ -97,14 +107,13 @@ def local(t: torch.Tensor) -> int:
 
 
 def held() -> float:
-    """The states this rank holds now: parameters, gradients, Adam's moments."""
-    params = list(model.parameters())
-    return sum(local(p) + (local(p.grad) if p.grad is not None else 0) for p in params) + \
-        sum(local(v) for state in opt.state.values() for v in state.values() if v.dim())
+    """The states this rank's device holds: parameters, gradients and, unless offloaded, Adam's moments."""
+    moments = [] if O["offload"] else [v for state in opt.state.values() for v in state.values() if v.dim()]
+    return sum(local(p) + (local(p.grad) if p.grad is not None else 0) for p in params) + sum(map(local, moments))
 
 
 # ---- Training under the limit; the last step recorded by the allocator ---------------------------
-def train(t: int, limit_on: bool = True) -> tuple[float, float]:
+def train(t: int, limit_on: bool = True) -> tuple[float, float | None]:
     """One step: (its loss, the most data the rank held above the limit's level, sampled after each
     forward and the step; None when the limit was off)."""
     loss_sum, used = torch.zeros((), device=dev), 0.0
@@ -117,12 +126,19 @@ def train(t: int, limit_on: bool = True) -> tuple[float, float]:
             (loss / accum).backward()
         loss_sum += loss.detach()
     if not O["fsdp2"]:  # data parallelism by hand: the replicas' gradients averaged, tensor by tensor
-        for p in model.parameters():
+        for p in params:
             dist.all_reduce(p.grad)
             p.grad /= N
     with allocations.phase("step"):
+        if O["offload"]:   # the gradients to the host, which steps ...
+            for p, h in zip(params, stepped):
+                h.grad.copy_(p.grad)
         opt.step()
-    opt.zero_grad(set_to_none=False)  # the gradients stay allocated: held at their peak all along
+        if O["offload"]:   # ... and the new weights back
+            for p, h in zip(params, stepped):
+                p.detach().copy_(h)
+    for p in params:
+        p.grad.zero_()   # zeroed, not freed: the gradients are held at their peak all along
     used = max(used, budget.used_mib())
     dist.all_reduce(loss_sum)
     return loss_sum.item() / (N * accum), used if limit_on else None

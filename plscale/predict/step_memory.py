@@ -5,7 +5,7 @@ activations the forward leaves for the backward. For a moment the step holds mor
 moment is where a run runs out of memory. For plscale's Llama in fp32, trained with torch's AdamW
 (foreach=False) and data parallelism, the whole model on each rank or its states sharded by FSDP2:
 
-    peak = states + max(kept + max(head, rerun), embedding) + gathered
+    peak = states + max(kept + max(head, rerun), embedding) + gathered      (on the device)
 
     states    parameters, gradients and Adam's two moments, 16 bytes a parameter: the whole model
               on a replica, a shard of each tensor under FSDP2 (plscale.predict.fsdp.states). The
@@ -34,10 +34,13 @@ peak), and what is not a tensor: the process's own memory (Python's objects, the
 rounding, gloo's buffers: a few MiB on lab 12's CPU ranks, measured in its README), and on GPUs the CUDA context and the caching allocator's
 fragmentation. Keep room for them: a step predicted within a few percent of a limit may still fail.
 
+Offload (ZeRO-Offload's idea, as lab 12's oom-offload does it by hand): the optimizer lives in
+host memory, its fp32 copy of the weights and the moments, 12 bytes a parameter; the device keeps
+the weights and the gradients, 8, and sends the gradients to the host after the backward.
+
 `fixes` asks the same of the four fixes of lab 12 and docs/troubleshooting.md: a smaller micro-batch
 (the same global batch, accumulated), full recomputation, sharded states (FSDP2; ZeRO-3 holds
-20 bytes a parameter instead, plscale.predict.memory), and offload (states in host memory, FSDP2's
-CPUOffloadPolicy: on a GPU they leave the device; on a CPU rank the host is the same memory).
+20 bytes a parameter instead, plscale.predict.memory), and the optimizer offloaded to the host.
 """
 
 from dataclasses import dataclass, replace
@@ -61,7 +64,7 @@ class Step:
     grad_accum: int = 1
     recompute: str = "none"   # none, selective, full (plscale.strategies.recompute)
     sharded: bool = False     # FSDP2 over the ranks, else a whole replica on each
-    offload: bool = False     # the states in host memory (with sharded: FSDP2's CPUOffloadPolicy)
+    offload: bool = False     # the optimizer (fp32 copy, moments) in host memory, the gradients sent there
 
     def setup(self) -> Setup:
         return Setup(params=param_count(self.config), model=self.config, seq=self.seq, precision="fp32",
@@ -98,8 +101,9 @@ def peak(step: Step) -> Peak:
         groups = fsdp.shapes(c)
         terms["gathered"] = FP32 * sum(r * k for r, k in groups[-1] + groups[0])   # the root and one layer, whole
     host = 0.0
-    if step.offload:
-        host = terms.pop("states")
+    if step.offload:   # of 16 bytes a parameter: weights and gradients stay (8), a copy and moments go (12)
+        host = terms["states"] * 12 / 16
+        terms["states"] *= 8 / 16
     return Peak(terms, host)
 
 
@@ -107,5 +111,5 @@ def fixes(step: Step) -> dict[str, Step]:
     """The step as each of the usual fixes changes it (one change each, the rest as it is)."""
     return {"micro-batch 1, accumulated": replace(step, micro_batch=1, grad_accum=step.grad_accum * step.micro_batch),
             "full recomputation": replace(step, recompute="full"),
-            "states sharded (FSDP2)": replace(step, sharded=True),
-            "states offloaded to host (FSDP2)": replace(step, sharded=True, offload=True)}
+            "states sharded (FSDP2)": replace(step, sharded=True, offload=False),   # one or the other (lab 12)
+            "optimizer offloaded to host": replace(step, offload=True, sharded=False)}

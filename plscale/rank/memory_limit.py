@@ -3,6 +3,7 @@
     budget = memory_limit.impose(device, mib)   # from here on the rank may allocate `mib` MiB more
     budget.used_mib()                           # what it holds above the level the limit was taken at
     with budget.lifted(): ...                   # the limit off for a while (a profiler's own buffers)
+    budget.host_zeros(t)                        # a tensor in host memory, which the limit does not count
     budget.release()                            # off for good, before the run reports
 
 Past the limit the allocator refuses, with the message a full device gives:
@@ -15,6 +16,11 @@ Past the limit the allocator refuses, with the message a full device gives:
          torch's CPU allocator fails with "DefaultCPUAllocator: can't allocate memory: you tried
          to allocate N bytes" (Python's own allocations with MemoryError). glibc only (mallopt).
 
+Offloading needs a host beside the device. On a GPU it is the CPU's memory (pinned, for fast
+copies). A CPU rank's device and host are one memory, so host_zeros puts the host's tensors in an
+anonymous shared mapping (mmap MAP_SHARED): real memory, which RLIMIT_DATA does not count, as a
+GPU's limit does not count the host's.
+
 On CPU the data size counts more than tensors unless two things are settled first, which
 impose() does (measured on 2 CPU ranks, torch 2.13):
   - glibc's malloc raises its mmap threshold each time a large block is freed, so later blocks of
@@ -26,6 +32,7 @@ impose() does (measured on 2 CPU ranks, torch 2.13):
 """
 
 import ctypes
+import mmap
 import resource
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,6 +62,13 @@ class Budget:
         """What the rank holds now above the level the limit was taken at."""
         now = torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else data_bytes()
         return (now - self.level) / MiB
+
+    def host_zeros(self, like: torch.Tensor) -> torch.Tensor:
+        """Zeros shaped like `like` in host memory, outside the limit (module doc)."""
+        if self.device.type == "cuda":
+            return torch.zeros(like.shape, dtype=like.dtype, pin_memory=True)
+        shared = mmap.mmap(-1, max(1, like.numel() * like.element_size()))   # anonymous, MAP_SHARED, zeroed
+        return torch.frombuffer(shared, dtype=like.dtype, count=like.numel()).view(like.shape)
 
     def release(self) -> None:
         """The limit off from now on: as it was before impose()."""
