@@ -27,17 +27,27 @@ import threading
 from pathlib import Path
 
 
+def _record() -> bytes | None:
+    """This rank's record as torch dumps it (a pickle of plain data); None without a process group
+    or a torch without the dump. NCCL keeps its own recorder (the one its watchdog dumps on a
+    timeout), gloo the generic one."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    name = "_dump_nccl_trace" if dist.get_backend() == "nccl" else "_dump_fr_trace"
+    dumper = getattr(torch._C._distributed_c10d, name, None)
+    return None if dumper is None else dumper(includeCollectives=True, onlyActive=False)
+
+
 def dump(run_dir: Path, rank: int, folder: str = "flight") -> bool:
     """Write this rank's record into `folder` of the run directory (flight/ when it fails,
     flight/live/ when asked); False when there is none (no process group, or a torch without the
     recorder's dump: it is private API, checked on torch 2.13)."""
-    import torch
-    import torch.distributed as dist
-
-    dumper = getattr(torch._C._distributed_c10d, "_dump_fr_trace", None)
-    if dumper is None or not dist.is_available() or not dist.is_initialized():
+    record = _record()
+    if record is None:
         return False
-    record = dumper(includeCollectives=True, onlyActive=False)
     folder = Path(run_dir) / folder
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".rank_{rank}.pkl"
@@ -50,17 +60,10 @@ def issued_between(start_ns: int, end_ns: int) -> list[dict] | None:
     """This rank's collectives issued between two wall-clock times (time.time_ns(), the recorder's
     clock), in the order issued: op, group, sequence number, sizes. None without a recorder.
     Checked on gloo; the NCCL recorder's dump is read the same way, not yet run here."""
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
+    record = _record()
+    if record is None:
         return None
-    # NCCL keeps its own recorder (the one its watchdog dumps on a timeout); gloo the generic one
-    name = "_dump_nccl_trace" if dist.get_backend() == "nccl" else "_dump_fr_trace"
-    dumper = getattr(torch._C._distributed_c10d, name, None)
-    if dumper is None:
-        return None
-    entries = pickle.loads(dumper(includeCollectives=True, onlyActive=False)).get("entries", [])
+    entries = pickle.loads(record).get("entries", [])
     return [{"op": e["profiling_name"], "group": list(e["process_group"]), "seq": e["collective_seq_id"],
              "sizes": e["input_sizes"]} for e in sorted(entries, key=lambda e: e["record_id"])
             if start_ns <= e["time_created_ns"] <= end_ns]
