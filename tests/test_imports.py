@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "plscale"
 RANK_SIDE = ("plscale.rank", "plscale.strategies", "plscale.dsconfig", "plscale.jaxlab", "plscale.lab")
-HOST_ONLY = ("plscale.run", "plscale.cli")
+HOST_ONLY = ("plscale.run", "plscale.cli", "plscale.slurm")
 
 
 def module_name(path: Path) -> str:
@@ -137,7 +137,7 @@ def test_strategies_sit_on_the_rank_runtime_not_under_it():
 def test_the_host_side_imports_no_rank_code_and_no_torch_at_module_level():
     bad = []
     for name in MODULES:
-        if not _under(name, ("plscale.run",)):
+        if not _under(name, ("plscale.run", "plscale.slurm")):
             continue
         for target, kind, line in imports(name):
             if _under(target, ("plscale.rank", "plscale.strategies", "plscale.jaxlab")):

@@ -6,7 +6,7 @@ import typer
 from rich.markup import escape
 
 from plscale import __version__
-from plscale.cli import bench, ckpt, config, course, doctor, estimate, exercise, lab, mesh, plan, report, runpod, slides, stacks, viz
+from plscale.cli import bench, ckpt, config, course, doctor, estimate, exercise, lab, mesh, plan, report, runpod, slides, slurm, stacks, viz
 from plscale.cli.output import make_console
 from plscale.errors import UserError
 
@@ -20,6 +20,7 @@ app.add_typer(viz.app, name="viz")
 app.add_typer(exercise.app, name="exercise")
 app.add_typer(ckpt.app, name="ckpt")
 app.add_typer(runpod.app, name="runpod")
+app.add_typer(slurm.app, name="slurm")
 app.add_typer(slides.app, name="slides")
 app.command("doctor")(doctor.doctor)
 app.command("report")(report.report)

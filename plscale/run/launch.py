@@ -44,6 +44,7 @@ class Options:
     data_dir: str | None = None
     max_restarts: int | None = None  # torchrun restarts of the whole group; None = the variant's, else 0
     profile: int | None = None       # a step to record with torch.profiler on every rank (plscale.rank.profile)
+    scheduler: str | None = None     # "slurm": the job starts torchrun on every node itself (plscale/slurm)
 
 
 @dataclass
@@ -104,6 +105,8 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
                         f"an earlier run's launcher): leave --master-port out and plscale picks a free port.")
     if not opts.master_addr.strip() or any(c.isspace() for c in opts.master_addr):
         raise UserError(f"--master-addr {opts.master_addr!r}: give node 0's host name or IP address.")
+    if opts.scheduler and gpus_present is None:  # the job's nodes, not this one, hold the GPUs
+        gpus_present = ["the job's GPUs"] * ranks
     gpus = cuda_gpus() if gpus_present is None else gpus_present
     device = "cpu" if opts.cpu or not gpus else "cuda"
     why_cpu = " (--cpu)" if opts.cpu and gpus else ""
@@ -128,13 +131,14 @@ def plan(lab: Lab, variant: Variant, opts: Options, gpus_present: list | None = 
         env.update({"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
                     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
                     "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS", threads)})
+        each = "the job's CPUs shared among them" if opts.scheduler else f"{env['OMP_NUM_THREADS']} threads each"
         notice = (f"No CUDA GPU{' used (--cpu)' if opts.cpu and gpus else ' found'}: running {ranks} CPU "
-                  f"ranks over gloo (DS_ACCELERATOR=cpu, {env['OMP_NUM_THREADS']} threads each).")
+                  f"ranks over gloo (DS_ACCELERATOR=cpu, {each}).")
     else:
         notice = f"Running {ranks} ranks on {ranks} CUDA GPU(s) over NCCL ({gpus[0]})."
     if opts.data_dir:
         env["PLSCALE_DATA_DIR"] = str(Path(opts.data_dir).resolve())
-    if not hub_reachable():
+    if opts.scheduler or not hub_reachable():  # a cluster's compute nodes seldom reach the internet
         env["HF_HUB_OFFLINE"] = "1"
         env["HF_DATASETS_OFFLINE"] = "1"
     if restarts:
@@ -149,11 +153,19 @@ def _launcher(lab: Lab, variant: Variant, opts: Options) -> str:
     """--launcher, else the variant's, else the lab's, else deepspeed; a lab or variant that
     names one runs under it only."""
     required = variant.launcher or lab.launcher
-    launcher = opts.launcher or required or "deepspeed"
+    launcher = opts.launcher or required or ("torchrun" if opts.scheduler else "deepspeed")
+    if launcher == "slurm":
+        raise UserError("--launcher slurm: submit the lab to Slurm with `plscale slurm submit LAB` (the same flags, "
+                        "plus --partition, --time, ...); see docs/slurm.md.")
     if launcher not in launchers.BUILDERS:
         names = [name for name in launchers.BUILDERS if name != "jax"]
         raise UserError(f"Unknown launcher {launcher!r}: use {', '.join(names[:-1])} or {names[-1]} "
-                        f"(jax runs a JAX lab).")
+                        f"(jax runs a JAX lab; `plscale slurm submit` runs a lab on Slurm).")
+    if opts.scheduler and launcher != "torchrun":
+        who = f"variant {variant.name!r}" if variant.launcher else f"lab {lab.id}" if required else "--launcher"
+        raise UserError(f"A Slurm job starts torchrun on every node, and {who} asks for {launcher}: "
+                        + ("drop --launcher." if who == "--launcher" else
+                           "pick another variant, or run it with `plscale lab run` inside `salloc`."))
     if required and required != launcher:
         who = f"Variant {variant.name!r}" if variant.launcher else f"Lab {lab.id}"
         raise UserError(f"{who} runs under {required}, not {launcher}: drop --launcher or use --launcher {required}.")
@@ -214,7 +226,7 @@ def _check_nodes(opts: Options, launcher: str) -> None:
     if opts.node_rank is not None and not 0 <= opts.node_rank < opts.nodes:
         raise UserError(f"--node-rank {opts.node_rank} with --nodes {opts.nodes}: use 0 to {opts.nodes - 1} "
                         f"(0 on the node at --master-addr).")
-    if opts.nodes > 1 and opts.node_rank is None and not opts.hostfile:
+    if opts.nodes > 1 and opts.node_rank is None and not opts.hostfile and not opts.scheduler:
         raise UserError("Several nodes need --hostfile F (launch from one node over ssh) or "
                         "--node-rank R with --master-addr A (launch on every node).")
     if opts.hostfile:

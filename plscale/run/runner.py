@@ -35,7 +35,7 @@ def run(plan: Plan, run_dir: Path, console: Console) -> int:
         proc = subprocess.Popen(plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, bufsize=1, start_new_session=True)
         try:
-            _stream(proc, log, console)
+            show(proc.stdout, console, log)
             code = proc.wait()
         except KeyboardInterrupt:
             console.print("[yellow]Interrupted: stopping every rank...[/]")
@@ -44,16 +44,19 @@ def run(plan: Plan, run_dir: Path, console: Console) -> int:
         finally:
             clear_node_scratch(run_dir)  # the ranks' node-local scratch does not outlive the run
     if code != 0:
-        _report_failure(run_dir, code, console)
+        report_failure(run_dir, code, console)
     return code
 
 
-def _stream(proc: subprocess.Popen, log, console: Console) -> None:
+def show(lines, console: Console, log=None) -> None:
+    """The launcher's output as the console shows it: rank 0's lines, its progress as a bar (on a
+    terminal; else a line every tenth), the launchers' chatter left out. Every line also goes to `log`."""
     bar = None
     task = None
-    for line in proc.stdout:
-        log.write(line)
-        log.flush()
+    for line in lines:
+        if log is not None:
+            log.write(line)
+            log.flush()
         line = line.rstrip("\n")
         if line.startswith(PROGRESS):
             info = json.loads(line[len(PROGRESS):])
@@ -94,7 +97,9 @@ def stop(proc: subprocess.Popen) -> None:
             time.sleep(0.1)
 
 
-def _report_failure(run_dir: Path, code: int, console: Console) -> None:
+def report_failure(run_dir: Path, code: int, console: Console, launcher_log: str = "launcher.log") -> None:
+    """What failed: a check of a finished run, else the failed ranks' last lines (the launcher's when no
+    rank left an error) and the diagnosis."""
     summary = run_dir / "summary.json"
     if summary.is_file():  # the ranks finished: what failed is a check the lab asserts, not a rank
         failed = [c for c in json.loads(summary.read_text()).get("checks", []) if not c["ok"]]
@@ -110,7 +115,7 @@ def _report_failure(run_dir: Path, code: int, console: Console) -> None:
             console.print(_tail(run_dir / f"rank_{rank}.log"), markup=False, highlight=False)
     else:
         console.print("[red]last lines of the launcher's output:[/]")
-        console.print(_tail(run_dir / "launcher.log"), markup=False, highlight=False)
+        console.print(_tail(run_dir / launcher_log), markup=False, highlight=False)
     diagnosis = diagnose.lines(run_dir)
     if diagnosis:
         console.print("[bold red]Diagnosis[/] (diagnosis.txt; every rank's stack under stacks/, the Flight "

@@ -1,0 +1,158 @@
+"""`plscale slurm` against a real Slurm: munge, slurmctld and slurmd on this machine (tests/slurm/start.sh,
+one node with this machine's CPUs). The labs are submitted through the CLI as a user would; the tests
+skip, saying why, where Slurm is not installed or does not start. Bad input needs no Slurm."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, load_summary, only_run, run_cli
+
+START = ROOT / "tests" / "slurm" / "start.sh"
+QUICK = ["--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32", "--set", "ds.micro_batch=2"]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """SLURM_CONF of a running one-node cluster, started here if it is not up yet."""
+    if not (shutil.which("sbatch") and (shutil.which("slurmctld") or Path("/usr/sbin/slurmctld").exists())):
+        pytest.skip("Slurm is not installed (apt-get install slurm-wlm munge; .ci/run installs it)")
+    started = subprocess.run(["bash", str(START)], capture_output=True, text=True, timeout=120)
+    if started.returncode != 0:
+        pytest.skip(f"Slurm did not start here: {started.stderr.strip().splitlines()[-1:]}")
+    return started.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def submit(slurm, tmp_path):
+    """`plscale slurm ...` with runs/ under a temporary folder, against the test cluster."""
+
+    def call(*args, **kwargs):
+        return run_cli("slurm", *args, env={"PLSCALE_RUNS_DIR": str(tmp_path / "slurm-runs"), "SLURM_CONF": slurm}, **kwargs)
+
+    call.runs = tmp_path / "slurm-runs"
+    call.env = {**os.environ, "PLSCALE_RUNS_DIR": str(tmp_path / "slurm-runs"), "SLURM_CONF": slurm, "HF_HUB_OFFLINE": "1",
+                "COLUMNS": "200"}
+    return call
+
+
+def losses(run_dir: Path) -> list:
+    return [row["loss"] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in row]
+
+
+def test_a_lab_submitted_to_slurm_trains_as_it_does_here_and_its_run_directory_is_reported(submit, cli):
+    out = submit("submit", "zero2", *QUICK, "--steps", "3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_dir = only_run(submit.runs)
+    job = json.loads((run_dir / "slurm.json").read_text())["job"]
+    assert f"Submitted job {job}" in out.stdout and f"job {job}: RUNNING" in out.stdout
+    assert "model states match the ZeRO model" in out.stdout  # rank 0's lines, followed from the job's output
+    assert all(check["ok"] for check in load_summary(run_dir)["checks"])
+    assert "rendezvous at" in (run_dir / f"slurm-{job}.out").read_text()
+    # the same run as `plscale lab run`'s: the same ranks, settings and losses
+    here = cli("lab", "run", "zero2", *QUICK, "--steps", "3", "--launcher", "torchrun")
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert losses(run_dir) == pytest.approx(losses(only_run(cli.runs)), abs=1e-6)
+    status = submit("status", job)
+    assert "COMPLETED" in status.stdout and str(run_dir) in status.stdout and "3/3 loss" in status.stdout
+    assert "model states match the ZeRO model" in submit("logs", job, "-n", "200").stdout
+    assert "model: Llama-shaped 'tiny'" in submit("logs", str(run_dir), "--rank", "0", "-n", "200").stdout
+    report = run_cli("report", run_dir)
+    assert report.returncode == 0 and "model states per rank" in report.stdout
+
+
+def test_a_failing_job_is_reported_failed_with_the_ranks_last_lines(submit):
+    out = submit("submit", "ckpt", *QUICK, "--steps", "6", "--set", "ckpt.every=2", "--set", "fault.step=3",
+                 "--set", "fault.rank=1")
+    assert out.returncode != 0 and out.returncode != 2, out.stdout + out.stderr
+    assert "ended FAILED" in out.stdout, out.stdout
+    assert "rank 0 failed; its last lines" in out.stdout or "rank 1 failed" in out.stdout, out.stdout
+    run_dir = only_run(submit.runs)
+    job = json.loads((run_dir / "slurm.json").read_text())["job"]
+    assert "FAILED" in submit("status", job).stdout
+
+
+def test_ctrl_c_asks_before_cancelling_and_cancel_ends_the_job(submit):
+    follower = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "slurm", "submit", "zero2", *QUICK,
+                                 "--steps", "400"], cwd=ROOT, env=submit.env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in follower.stdout:  # wait until the ranks train
+        seen.append(line)
+        if "/400 loss" in line:
+            break
+    follower.send_signal(signal.SIGINT)
+    answer, _ = follower.communicate("n\n", timeout=60)  # "no": the job goes on
+    assert follower.returncode == 130 and "Cancel job" in answer and "goes on" in answer, "".join(seen) + answer
+    run_dir = only_run(submit.runs)
+    job = json.loads((run_dir / "slurm.json").read_text())["job"]
+    assert "RUNNING" in submit("status", job).stdout
+    cancelled = submit("cancel", job)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    assert "CANCELLED" in submit("status", str(run_dir)).stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cpu", "--partition", "nope"], "Slurm refuses the job: invalid partition specified: nope"),
+    (["--gpus", "2", "--steps", "2"], "a partition without GPUs takes CPU ranks: add --cpu"),
+    (["--cpu", "--nodes", "2"], "needs one every node sees: set PLSCALE_RUNS_DIR to a shared path"),
+])
+def test_what_slurm_or_the_cluster_refuses_fails_in_one_line_and_submits_nothing(submit, args, message):
+    out = submit("submit", "zero2", *args)
+    assert out.returncode == 2 and message in out.stderr, out.stdout + out.stderr
+    assert not submit.runs.exists() or not any(submit.runs.iterdir())
+    queued = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True, env=submit.env)
+    assert "plscale-" not in queued.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["submit", "zero2", "--hostfile", "hosts"], "--hostfile: a Slurm job picks its nodes and port itself"),
+    (["submit", "zero2", "--launcher", "deepspeed"], "A Slurm job starts torchrun on every node, and --launcher asks"),
+    (["submit", "imdb", "--variant", "deepspeed"], "variant 'deepspeed' asks for deepspeed"),
+    (["submit", "zero2", "--venv", "/nonexistent"], "--venv /nonexistent: no bin/activate there"),
+    (["submit", "zero2", "--sbatch", "qos=high"], "give sbatch's long option with its value"),
+    (["submit", "zero2", "--set", "model.preset=smol"], "No model preset 'smol'"),
+    (["status", "not-a-job"], "is neither a job id nor a run directory"),
+])
+def test_bad_input_fails_before_slurm_is_asked(quick_cli, args, message):
+    out = quick_cli("slurm", *args)
+    assert out.returncode == 2 and message in out.stderr, out.stdout + out.stderr
+
+
+def test_without_sbatch_submit_says_where_to_run_it_and_dry_run_still_prints(quick_cli, tmp_path):
+    env = {"PATH": str(tmp_path)}  # no Slurm command here
+    out = quick_cli("slurm", "submit", "zero2", "--cpu", env=env)
+    assert out.returncode == 2 and "sbatch is not on PATH: run plscale on the cluster's login node" in out.stderr
+    dry = quick_cli("slurm", "submit", "zero2", "--cpu", "--dry-run", env=env)
+    assert dry.returncode == 0 and "#SBATCH --job-name=plscale-zero-zero2" in dry.stdout
+    assert not quick_cli.runs.exists()
+
+
+def test_launcher_slurm_points_at_slurm_submit(quick_cli):
+    out = quick_cli("lab", "run", "zero2", "--launcher", "slurm")
+    assert out.returncode == 2 and "plscale slurm submit LAB" in out.stderr
+
+
+def test_a_two_node_gpu_script_asks_for_what_the_run_needs_and_is_valid_bash(quick_cli, tmp_path):
+    preamble = tmp_path / "preamble.sh"
+    preamble.write_text("module load cuda/12.4\n")
+    out = quick_cli("slurm", "submit", "zero2", "--nodes", "2", "--gpus", "4", "--partition", "gpu", "--account", "lab",
+                    "--time", "1:00:00", "--sbatch=--qos=high", "--preamble", preamble, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for line in ["#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --partition=gpu", "#SBATCH --account=lab", "#SBATCH --time=1:00:00", "#SBATCH --qos=high",
+                 "module load cuda/12.4", "torchrun --nnodes 2 --nproc_per_node 4 --rdzv_backend c10d",
+                 "HF_HUB_OFFLINE=1", "labs/04_zero/train.py --run-dir"]:
+        assert line in text, line
+    assert "DS_ACCELERATOR" not in text  # NCCL ranks on the job's GPUs
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
