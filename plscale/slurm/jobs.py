@@ -73,7 +73,8 @@ def check(text: str) -> None:
     if done.returncode != 0:
         why = refusal(done.stderr or done.stdout)
         hint = ("a partition without GPUs takes CPU ranks: add --cpu" if "gres" in why.lower() else
-                "check --partition, --account, --gpus and --time against `sinfo`; --dry-run shows the script")
+                "check --partition, --account, --gpus, --cpus-per-node and --time against `sinfo`; --dry-run shows "
+                "the script")
         raise UserError(f"Slurm refuses the job: {why} ({hint}).")
 
 

@@ -57,7 +57,7 @@ def render(plan: Plan, job: Job) -> str:
                   *([f"--account={job.account}"] if job.account else []),
                   f"--chdir={Path.cwd()}", f"--output={output_file(plan.run_dir)}", *job.sbatch]
     lines = ["#!/bin/bash",
-             f"# plscale: {plan.notice}",
+             f"# {job.name}: {plan.nodes} node(s), {plan.world_size} ranks in all. {plan.notice}",
              f"# Written by `plscale slurm submit` into the run directory; command.txt has the command.",
              *(f"#SBATCH {d}" for d in directives),
              "set -euo pipefail", ""]
