@@ -1,6 +1,7 @@
-"""`plscale slurm` against a real Slurm: munge, slurmctld and slurmd on this machine (tests/slurm/start.sh,
-one node with this machine's CPUs). The labs are submitted through the CLI as a user would; the tests
-skip, saying why, where Slurm is not installed or does not start. Bad input needs no Slurm."""
+"""`plscale slurm` against a real Slurm: munge, slurmctld and slurmd on this machine (tests/slurm/start.sh:
+two nodes, each a slurmd in its own network namespace, or one where namespaces cannot be made). The labs
+are submitted through the CLI as a user would; the tests skip, saying why, where Slurm is not installed
+or does not start. Bad input needs no Slurm."""
 
 import json
 import os
@@ -8,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +47,17 @@ def losses(run_dir: Path) -> list:
     return [row["loss"] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in row]
 
 
-def test_a_lab_submitted_to_slurm_trains_as_it_does_here_and_its_run_directory_is_reported(submit, cli):
+@pytest.fixture(scope="module")
+def here(tmp_path_factory):
+    """The losses of the same run under `plscale lab run` on this machine: 2 CPU ranks."""
+    runs = tmp_path_factory.mktemp("here")
+    out = run_cli("lab", "run", "zero2", *QUICK, "--steps", "3", "--launcher", "torchrun",
+                  env={"PLSCALE_RUNS_DIR": str(runs)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return losses(only_run(runs))
+
+
+def test_a_lab_submitted_to_slurm_trains_as_it_does_here_and_its_run_directory_is_reported(submit, here):
     out = submit("submit", "zero2", *QUICK, "--steps", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     run_dir = only_run(submit.runs)
@@ -56,16 +66,26 @@ def test_a_lab_submitted_to_slurm_trains_as_it_does_here_and_its_run_directory_i
     assert "model states match the ZeRO model" in out.stdout  # rank 0's lines, followed from the job's output
     assert all(check["ok"] for check in load_summary(run_dir)["checks"])
     assert "rendezvous at" in (run_dir / f"slurm-{job}.out").read_text()
-    # the same run as `plscale lab run`'s: the same ranks, settings and losses
-    here = cli("lab", "run", "zero2", *QUICK, "--steps", "3", "--launcher", "torchrun")
-    assert here.returncode == 0, here.stdout + here.stderr
-    assert losses(run_dir) == pytest.approx(losses(only_run(cli.runs)), abs=1e-6)
+    assert losses(run_dir) == pytest.approx(here, abs=1e-6)  # the same ranks, settings and losses
     status = submit("status", job)
     assert "COMPLETED" in status.stdout and str(run_dir) in status.stdout and "3/3 loss" in status.stdout
     assert "model states match the ZeRO model" in submit("logs", job, "-n", "200").stdout
     assert "model: Llama-shaped 'tiny'" in submit("logs", str(run_dir), "--rank", "0", "-n", "200").stdout
     report = run_cli("report", run_dir)
     assert report.returncode == 0 and "model states per rank" in report.stdout
+
+
+def test_two_nodes_meet_over_the_network_and_train_as_two_ranks_on_one_node(submit, slurm, here):
+    nodes = subprocess.run(["sinfo", "-h", "-o", "%D"], capture_output=True, text=True, env=submit.env).stdout.split()
+    if sum(map(int, nodes)) < 2:
+        pytest.skip("the test cluster has one node here (no network namespaces: tests/slurm/start.sh)")
+    args = [a if a != "2" else "1" for a in QUICK]  # --gpus 1: one rank a node
+    out = submit("submit", "zero2", *args, "--nodes", "2", "--shared", "--steps", "3")  # /tmp is shared: one machine
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_dir = only_run(submit.runs)
+    hosts = {(run_dir / "pids" / f"rank_{r}").read_text().split()[1] for r in (0, 1)}
+    assert len(hosts) == 2, hosts  # a rank on each node, in its own network namespace
+    assert losses(run_dir) == pytest.approx(here, abs=1e-6)
 
 
 def test_a_failing_job_is_reported_failed_with_the_ranks_last_lines(submit):

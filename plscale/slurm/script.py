@@ -58,7 +58,7 @@ def render(plan: Plan, job: Job) -> str:
                   f"--chdir={Path.cwd()}", f"--output={output_file(plan.run_dir)}", *job.sbatch]
     lines = ["#!/bin/bash",
              f"# {job.name}: {plan.nodes} node(s), {plan.world_size} ranks in all. {plan.notice}",
-             f"# Written by `plscale slurm submit` into the run directory; command.txt has the command.",
+             "# Written by `plscale slurm submit` into the run directory; command.txt has the command.",
              *(f"#SBATCH {d}" for d in directives),
              "set -euo pipefail", ""]
     if job.preamble.strip():
