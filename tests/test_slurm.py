@@ -140,6 +140,8 @@ def test_what_slurm_or_the_cluster_refuses_fails_in_one_line_and_submits_nothing
     (["submit", "zero2", "--sbatch", "qos=high"], "give sbatch's long option with its value"),
     (["submit", "zero2", "--set", "model.preset=smol"], "No model preset 'smol'"),
     (["status", "not-a-job"], "is neither a job id nor a run directory"),
+    (["submit", "zero2", "--gpus", "3"], "Lab zero runs with 1, 2, 4, 8 ranks, not 3"),
+    (["submit", "zero2", "--venv", "/", "--conda", "base"], "--venv and --conda: name one environment"),
 ])
 def test_bad_input_fails_before_slurm_is_asked(quick_cli, args, message):
     out = quick_cli("slurm", *args)
@@ -176,3 +178,13 @@ def test_a_two_node_gpu_script_asks_for_what_the_run_needs_and_is_valid_bash(qui
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_a_cpu_partition_script_shares_the_jobs_cpus_and_activates_the_conda_environment(quick_cli):
+    out = quick_cli("slurm", "submit", "zero2", "--cpu", "--gpus", "4", "--cpus-per-node", "16", "--conda", "course",
+                    "--dry-run")
+    assert out.returncode == 0, out.stderr
+    for line in ["#SBATCH --cpus-per-task=16", "conda activate course", "DS_ACCELERATOR=cpu",
+                 "export OMP_NUM_THREADS=$(( SLURM_CPUS_PER_TASK / 4 > 0 ? SLURM_CPUS_PER_TASK / 4 : 1 ))"]:
+        assert line in out.stdout, line
+    assert "--gpus-per-node" not in out.stdout and "source " not in out.stdout
