@@ -17,6 +17,7 @@ from conftest import ROOT, load_summary, only_run, run_cli
 
 START = ROOT / "tests" / "slurm" / "start.sh"
 QUICK = ["--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32", "--set", "ds.micro_batch=2"]
+SHARED = "--shared"  # the test cluster's nodes are this machine: its disk is shared in fact
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def here(tmp_path_factory):
 
 
 def test_a_lab_submitted_to_slurm_trains_as_it_does_here_and_its_run_directory_is_reported(submit, here):
-    out = submit("submit", "zero2", *QUICK, "--steps", "3")
+    out = submit("submit", "zero2", *QUICK, SHARED, "--steps", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     run_dir = only_run(submit.runs)
     job = json.loads((run_dir / "slurm.json").read_text())["job"]
@@ -80,7 +81,7 @@ def test_two_nodes_meet_over_the_network_and_train_as_two_ranks_on_one_node(subm
     if sum(map(int, nodes)) < 2:
         pytest.skip("the test cluster has one node here (no network namespaces: tests/slurm/start.sh)")
     args = [a if a != "2" else "1" for a in QUICK]  # --gpus 1: one rank a node
-    out = submit("submit", "zero2", *args, "--nodes", "2", "--shared", "--steps", "3")  # /tmp is shared: one machine
+    out = submit("submit", "zero2", *args, "--nodes", "2", SHARED, "--steps", "3")
     assert out.returncode == 0, out.stdout + out.stderr
     run_dir = only_run(submit.runs)
     hosts = {(run_dir / "pids" / f"rank_{r}").read_text().split()[1] for r in (0, 1)}
@@ -89,43 +90,113 @@ def test_two_nodes_meet_over_the_network_and_train_as_two_ranks_on_one_node(subm
 
 
 def test_a_failing_job_is_reported_failed_with_the_ranks_last_lines(submit):
-    out = submit("submit", "ckpt", *QUICK, "--steps", "6", "--set", "ckpt.every=2", "--set", "fault.step=3",
+    out = submit("submit", "ckpt", *QUICK, SHARED, "--steps", "6", "--set", "ckpt.every=2", "--set", "fault.step=3",
                  "--set", "fault.rank=1")
     assert out.returncode != 0 and out.returncode != 2, out.stdout + out.stderr
     assert "ended FAILED" in out.stdout, out.stdout
-    assert "rank 0 failed; its last lines" in out.stdout or "rank 1 failed" in out.stdout, out.stdout
+    # rank 0 fails in its next collective, or torchrun stops it first: a rank's last lines, or the job's
+    assert "failed; its last lines" in out.stdout or "last lines of the launcher's output" in out.stdout, out.stdout
+    assert "Diagnosis" in out.stdout and "labs/06_checkpointing/train.py" in out.stdout, out.stdout
     run_dir = only_run(submit.runs)
     job = json.loads((run_dir / "slurm.json").read_text())["job"]
     assert "FAILED" in submit("status", job).stdout
 
 
 def test_ctrl_c_asks_before_cancelling_and_cancel_ends_the_job(submit):
-    follower = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "slurm", "submit", "zero2", *QUICK,
-                                 "--steps", "400"], cwd=ROOT, env=submit.env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen = []
-    for line in follower.stdout:  # wait until the ranks train
-        seen.append(line)
-        if "/400 loss" in line:
-            break
+    def follow(*args):
+        process = subprocess.Popen([sys.executable, "-m", "plscale.cli.main", "slurm", *args], cwd=ROOT, env=submit.env,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        seen = []
+        for line in process.stdout:  # until the ranks train
+            seen.append(line)
+            if "/400 loss" in line:
+                return process, seen
+        raise AssertionError("".join(seen))
+
+    follower, seen = follow("submit", "zero2", *QUICK, SHARED, "--steps", "400")
     follower.send_signal(signal.SIGINT)
     answer, _ = follower.communicate("n\n", timeout=60)  # "no": the job goes on
     assert follower.returncode == 130 and "Cancel job" in answer and "goes on" in answer, "".join(seen) + answer
     run_dir = only_run(submit.runs)
     job = json.loads((run_dir / "slurm.json").read_text())["job"]
-    assert "RUNNING" in submit("status", job).stdout
+    queue = submit("status")
+    assert job in queue.stdout and "RUNNING" in queue.stdout and "plscale-zero-zero2" in queue.stdout, queue.stdout
+    again, _ = follow("logs", job, "-f")  # picks the job up again
     cancelled = submit("cancel", job)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    rest, _ = again.communicate(timeout=60)
+    assert again.returncode == 130 and f"job {job} ended CANCELLED" in rest, rest
     assert "CANCELLED" in submit("status", str(run_dir)).stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cpu", "--partition", "nope"], "Slurm refuses the job: invalid partition specified: nope"),
-    (["--gpus", "2", "--steps", "2"], "a partition without GPUs takes CPU ranks: add --cpu"),
-    (["--cpu", "--nodes", "2"], "needs one every node sees: set PLSCALE_RUNS_DIR to a shared path"),
+def fake_commands(folder: Path, **scripts) -> dict:
+    """PATH with Slurm commands that print and exit as told: name="text|code"."""
+    folder.mkdir(exist_ok=True)
+    for name, spec in scripts.items():
+        text, code = spec.rsplit("|", 1)
+        (folder / name).write_text(f"#!/bin/sh\ncat <<'EOF'\n{text}\nEOF\nexit {code}\n")
+        (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def test_a_job_the_controller_forgot_is_read_from_accounting_then_from_its_run_directory(tmp_path, monkeypatch):
+    from plscale.slurm import jobs
+
+    forgot = "slurm_load_jobs error: Invalid job id specified|1"
+    monkeypatch.setenv("PATH", fake_commands(tmp_path / "a", scontrol=forgot,
+                                             sacct="42|TIMEOUT|None|0:15|plsn1|00:10:00|plscale-zero-zero2|0")["PATH"])
+    known = jobs.state("42")
+    assert (known.state, known.signal, known.finished, known.name) == ("TIMEOUT", 15, True, "plscale-zero-zero2")
+    monkeypatch.setenv("PATH", fake_commands(tmp_path / "b", scontrol=forgot, sacct="|0")["PATH"])
+    assert jobs.state("42") is None
+    run_dir = tmp_path / "runs" / "20261203-120000-zero-zero2"
+    run_dir.mkdir(parents=True)
+    (run_dir / "slurm.json").write_text(json.dumps({"job": "42"}))
+    assert jobs.find_run_dir("42", tmp_path / "runs") == run_dir
+    monkeypatch.setenv("PATH", fake_commands(tmp_path / "c", scontrol="slurm_load_jobs error: Unable to contact "
+                                             "slurm controller (connect failure)|1")["PATH"])
+    with pytest.raises(jobs.Unreachable, match="Unable to contact slurm controller"):
+        jobs.state("42")  # not "the job is gone": following goes on asking
+
+
+@pytest.mark.parametrize("state, signal_number, code, fix", [
+    ("TIMEOUT", 15, 124, "It ran past its --time"),
+    ("OUT_OF_MEMORY", 125, 1, "--sbatch=--mem=64G"),
+    ("NODE_FAIL", 0, 1, "submit it again (`sinfo -R`"),
 ])
-def test_what_slurm_or_the_cluster_refuses_fails_in_one_line_and_submits_nothing(submit, args, message):
-    out = submit("submit", "zero2", *args)
+def test_how_a_job_ended_is_said_with_its_fix_and_exit_code(tmp_path, state, signal_number, code, fix):
+    from rich.console import Console
+
+    from plscale.slurm import follow, jobs
+
+    console = Console(record=True, width=200)
+    final = jobs.JobState("42", state, "None", 0 if state != "NODE_FAIL" else 1, signal_number, "plsn1", "00:10:00",
+                          "plscale-zero-zero2", str(tmp_path / "slurm-42.out"))
+    assert follow.outcome(final, tmp_path, console) == code
+    text = console.export_text()
+    assert f"job 42 ended {state}" in text and fix in text, text
+    assert "signal 125" not in text  # Slurm's mark of an out-of-memory kill, not a signal
+
+
+def fake_venv(folder: Path, cuda: str) -> Path:
+    """A virtualenv whose python says its torch was built for CUDA `cuda` ("" for a CPU-only build)."""
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "activate").write_text("")
+    (folder / "bin" / "python").write_text(f"#!/bin/sh\necho '{cuda}'\n")
+    (folder / "bin" / "python").chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--cpu", SHARED, "--partition", "nope"], "Slurm refuses the job: invalid partition specified: nope"),
+    (["--gpus", "2", SHARED, "--venv", "CUDA"], "this partition has no such GPUs: pick a GPU partition with --partition"),
+    (["--gpus", "2", SHARED, "--venv", "CPU"], "has a CPU-only torch, so its GPU ranks would run on CPUs"),
+    (["--cpu", "--cpus-per-node", "64", SHARED], "Requested node configuration is not available"),
+    (["--cpu"], "is on this machine's own disk (ext4), and the job runs on compute nodes that must read it"),
+])
+def test_what_slurm_or_the_cluster_refuses_fails_in_one_line_and_submits_nothing(submit, args, message, tmp_path):
+    venvs = {"CUDA": fake_venv(tmp_path / "cuda", "12.6"), "CPU": fake_venv(tmp_path / "cpu", "")}
+    out = submit("submit", "zero2", *[str(venvs.get(a, a)) for a in args])
     assert out.returncode == 2 and message in out.stderr, out.stdout + out.stderr
     assert not submit.runs.exists() or not any(submit.runs.iterdir())
     queued = subprocess.run(["squeue", "-h", "-o", "%j"], capture_output=True, text=True, env=submit.env)
@@ -138,6 +209,9 @@ def test_what_slurm_or_the_cluster_refuses_fails_in_one_line_and_submits_nothing
     (["submit", "imdb", "--variant", "deepspeed"], "variant 'deepspeed' asks for deepspeed"),
     (["submit", "zero2", "--venv", "/nonexistent"], "--venv /nonexistent: no bin/activate there"),
     (["submit", "zero2", "--sbatch", "qos=high"], "give sbatch's long option with its value"),
+    (["submit", "zero2", "--sbatch=--output=x.out"], "plscale sets --output itself (the job's output goes into the run"),
+    (["submit", "zero2", "--sbatch=--gres=gpu:2"], "plscale sets --gres itself (use --gpus (per node) and --gpu-type)"),
+    (["submit", "zero2", "--partiton", "gpu"], "plscale slurm submit: unrecognized arguments: --partiton gpu"),
     (["submit", "zero2", "--set", "model.preset=smol"], "No model preset 'smol'"),
     (["status", "not-a-job"], "is neither a job id nor a run directory"),
     (["submit", "zero2", "--gpus", "3"], "Lab zero runs with 1, 2, 4, 8 ranks, not 3"),

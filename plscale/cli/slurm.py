@@ -8,6 +8,9 @@ its id or its run directory. docs/slurm.md is the guide.
 
 import math
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import typer
@@ -26,6 +29,16 @@ PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 JOB_HELP = "A job id, or the run directory of a job plscale submitted."
 # `plscale lab run` flags a Slurm job decides itself: its nodes find each other through the rendezvous.
 DECIDED = {"hostfile": "--hostfile", "node_rank": "--node-rank", "master_port": "--master-port"}
+# sbatch options plscale sets itself, and how to change them instead.
+_GPUS = "use --gpus (per node) and --gpu-type"
+OWN = {"--output": "the job's output goes into the run directory", "--error": "the job's output goes into the run "
+       "directory", "--job-name": "it names the job after the lab and variant", "--chdir": "the job starts in this "
+       "folder", "--nodes": "use --nodes", "--ntasks": "one task a node: use --nodes", "--ntasks-per-node": "one task "
+       "a node: use --nodes", "--gpus": _GPUS, "--gpus-per-node": _GPUS, "--gpus-per-task": _GPUS, "--gres": _GPUS,
+       "--cpus-per-task": "use --cpus-per-node", "--partition": "use --partition", "--account": "use --account",
+       "--time": "use --time", "--array": "one run a job: submit again for another", "--export": "the job keeps the "
+       "environment plscale sets", "--clusters": "submit from that cluster's login node", "--requeue": "a run again "
+       "is a new run directory: submit again", "--no-requeue": "a run again is a new run directory"}
 
 
 @app.command(context_settings=PASS_THROUGH)
@@ -34,6 +47,8 @@ def submit(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as fo
            account: str = typer.Option(None, help="Slurm account to charge."),
            time_limit: str = typer.Option(None, "--time", help="Time limit, in Slurm's form (30, 1:00:00, 1-00:00); "
                                           "default: three times the lab's CPU minutes, at least 10 minutes."),
+           gpu_type: str = typer.Option(None, "--gpu-type", help="The GPUs' type as the cluster names it (a100, h100; "
+                                        "`sinfo -o \"%P %G\"`)."),
            cpus_per_node: int = typer.Option(None, "--cpus-per-node", help="CPUs for each node's ranks (default: one "
                                              "per CPU rank, four per GPU)."),
            venv: Path = typer.Option(None, help="Virtualenv to activate on the nodes (default: the one plscale runs in)."),
@@ -41,14 +56,61 @@ def submit(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as fo
            preamble: Path = typer.Option(None, help="A file of shell lines the job runs first (module load ...)."),
            sbatch: list[str] = typer.Option([], "--sbatch", help="More sbatch options, e.g. --sbatch=--qos=high "
                                             "--sbatch=--mem=64G (repeatable)."),
-           shared: bool = typer.Option(False, "--shared", help="The run directory is on a filesystem every node sees, "
-                                       "whatever its type says."),
+           shared: bool = typer.Option(False, "--shared", help="The run directory, the labs and the environment are on "
+                                       "a filesystem the nodes see, whatever its type says."),
            detach: bool = typer.Option(False, "--detach", help="Submit and return (`plscale slurm logs JOB -f` follows)."),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
            ) -> None:
     """Submit a lab: `plscale slurm submit zero2 --nodes 2 --gpus 8 --partition gpu --time 1:00:00`
     (`plscale lab run`'s flags pass through: --gpus, --nodes, --cpu, --steps, --set, --data-dir, ...)."""
-    request = flow.parse(["lab", "run", lab, *ctx.args])
+    request = flow.parse(["lab", "run", lab, *ctx.args], prog="plscale slurm submit")
+    _check_options(request, venv, conda, preamble, cpus_per_node, sbatch)
+    opts = request.opts
+    opts.scheduler = "slurm"
+    the_lab, chosen = flow.choose(request.name, request.variant, data_dir=opts.data_dir)
+    plan, resolved = flow.prepare(the_lab, chosen, opts)
+    job = script.Job(name=f"{jobs.PREFIX}{the_lab.id}-{chosen.name}",
+                     time=time_limit or _default_time(the_lab.cpu_minutes),
+                     cpus_per_node=cpus_per_node or plan.ranks * (4 if plan.device == "cuda" else 1),
+                     partition=partition, account=account, sbatch=list(sbatch),
+                     preamble=preamble.read_text() if preamble else "", venv=str(venv) if venv else None,
+                     conda=conda, gpu_type=gpu_type)
+    runs = runs_root()
+    named = plan.at(new_run_dir(the_lab.id, chosen.name, runs, create=False))
+    if dry_run:
+        console.print(script.render(named, job), markup=False, highlight=False, soft_wrap=True)
+        return
+    jobs.require()
+    _check_what_nodes_see(runs, plan, venv, shared)
+    if plan.device == "cuda" and not conda:
+        _check_cuda_torch(venv)
+    jobs.check(script.render(named, job))
+    run_dir = new_run_dir(the_lab.id, chosen.name, runs)
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C now could leave a job without its run directory
+    try:
+        plan = plan.at(run_dir)
+        write_inputs(run_dir, plan, resolved, ["plscale", *sys.argv[1:]], started_by="sbatch job.sbatch  # "
+                     "one torchrun a node: the script in this folder")
+        (run_dir / "job.sbatch").write_text(script.render(plan, job))
+        job_id = jobs.submit(run_dir / "job.sbatch")
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing submitted: no run directory left behind
+        raise
+    finally:
+        signal.signal(signal.SIGINT, interrupt)
+    write_json(run_dir / "slurm.json", {"job": job_id, "name": job.name, "nodes": plan.nodes, "ranks": plan.ranks,
+                                        "device": plan.device, "script": "job.sbatch"})
+    console.print(f"[bold]{the_lab.id}[/] / {chosen.name}: {escape(plan.notice)}")
+    console.print(f"Submitted job {job_id}; run directory: {run_dir}", soft_wrap=True)
+    if detach:
+        console.print(f"Follow it with `plscale slurm logs {job_id} -f`; `plscale slurm status {job_id}`, "
+                      f"`plscale slurm cancel {job_id}`.")
+        return
+    raise typer.Exit(_follow(job_id, run_dir))
+
+
+def _check_options(request, venv, conda, preamble, cpus_per_node, sbatch) -> None:
+    """What `submit` refuses in the options themselves, before the lab is resolved."""
     opts = request.opts
     for dest, flag in DECIDED.items():
         if getattr(opts, dest) is not None:
@@ -66,44 +128,12 @@ def submit(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as fo
         raise UserError(f"--preamble {preamble} is not a file: write the lines the job runs first into one.")
     if cpus_per_node is not None and cpus_per_node < 1:
         raise UserError(f"--cpus-per-node {cpus_per_node}: use 1 or more.")
-    bad = [option for option in sbatch if not option.startswith("--")]
-    if bad:
-        raise UserError(f"--sbatch {bad[0]!r}: give sbatch's long option with its value, e.g. --sbatch=--qos=high.")
-    opts.scheduler = "slurm"
-    the_lab, chosen = flow.choose(request.name, request.variant, data_dir=opts.data_dir)
-    prepared = flow.prepare(the_lab, chosen, opts)
-    plan, resolved = prepared
-    job = script.Job(name=f"{jobs.PREFIX}{the_lab.id}-{chosen.name}",
-                     time=time_limit or _default_time(the_lab.cpu_minutes),
-                     cpus_per_node=cpus_per_node or plan.ranks * (4 if plan.device == "cuda" else 1),
-                     partition=partition, account=account, sbatch=list(sbatch),
-                     preamble=preamble.read_text() if preamble else "", venv=str(venv) if venv else None, conda=conda)
-    runs = runs_root()
-    if dry_run:
-        console.print(script.render(plan.at(new_run_dir(the_lab.id, chosen.name, runs, create=False)), job),
-                      markup=False, highlight=False, soft_wrap=True)
-        return
-    jobs.require()
-    _check_shared(runs, plan.nodes, shared)
-    jobs.check(script.render(plan.at(new_run_dir(the_lab.id, chosen.name, runs, create=False)), job))
-    run_dir = new_run_dir(the_lab.id, chosen.name, runs)
-    try:
-        plan = plan.at(run_dir)
-        write_inputs(run_dir, plan, resolved, ["plscale", "slurm", "submit", lab, *ctx.args])
-        (run_dir / "job.sbatch").write_text(script.render(plan, job))
-        job_id = jobs.submit(run_dir / "job.sbatch")
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # nothing submitted: no run directory left behind
-        raise
-    write_json(run_dir / "slurm.json", {"job": job_id, "name": job.name, "nodes": plan.nodes, "ranks": plan.ranks,
-                                        "device": plan.device, "script": "job.sbatch"})
-    console.print(f"[bold]{the_lab.id}[/] / {chosen.name}: {escape(plan.notice)}")
-    console.print(f"Submitted job {job_id}; run directory: {run_dir}")
-    if detach:
-        console.print(f"Follow it with `plscale slurm logs {job_id} -f`; `plscale slurm status {job_id}`, "
-                      f"`plscale slurm cancel {job_id}`.")
-        return
-    raise typer.Exit(_follow(job_id, run_dir))
+    for option in sbatch:
+        name = option.split("=", 1)[0]
+        if not option.startswith("--"):
+            raise UserError(f"--sbatch {option!r}: give sbatch's long option with its value, e.g. --sbatch=--qos=high.")
+        if name in OWN:
+            raise UserError(f"--sbatch {option}: plscale sets {name} itself ({OWN[name]}).")
 
 
 def _default_time(cpu_minutes: float) -> str:
@@ -111,13 +141,37 @@ def _default_time(cpu_minutes: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
-def _check_shared(runs: Path, nodes: int, shared: bool) -> None:
+def _check_what_nodes_see(runs: Path, plan, venv: Path | None, shared: bool) -> None:
+    """The compute nodes read the lab's code, the environment and the run directory from here: each must be
+    on a filesystem they see, and its path one sbatch takes (no spaces, no %)."""
     runs.mkdir(parents=True, exist_ok=True)
-    kind = jobs.mount_type(runs)
-    if nodes > 1 and kind in jobs.LOCAL and not shared:
-        raise UserError(f"The run directory's folder {runs.resolve()} is on this machine's own disk ({kind}), and a job "
-                        f"on {nodes} nodes needs one every node sees: set PLSCALE_RUNS_DIR to a shared path (NFS, "
-                        f"Lustre, ...), or add --shared if this one is shared.")
+    paths = {"the run directory's folder": runs.resolve(), "the labs": Path(plan.entry).resolve().parents[1],
+             "the environment": (venv or Path(sys.prefix)).resolve(), "this folder (the job's --chdir)": Path.cwd()}
+    for what, path in paths.items():
+        if any(c.isspace() or c == "%" for c in str(path)):
+            raise UserError(f"{what.capitalize()}, {path}, has a space or a % in its path, which sbatch's options "
+                            f"split or expand: use a path without them.")
+        kind = jobs.mount_type(path)
+        if kind in jobs.LOCAL and not shared:
+            raise UserError(f"{what.capitalize()}, {path}, is on this machine's own disk ({kind}), and the job runs "
+                            f"on compute nodes that must read it: put it on a shared filesystem (NFS, Lustre, your "
+                            f"cluster's home or scratch; PLSCALE_RUNS_DIR for runs), or add --shared if it is shared.")
+
+
+def _check_cuda_torch(venv: Path | None) -> None:
+    """GPU ranks need a CUDA build of torch in the environment the job activates."""
+    python = str(venv / "bin" / "python") if venv else sys.executable
+    try:
+        done = subprocess.run([python, "-c", "import torch; print(torch.version.cuda or '')"], capture_output=True,
+                              text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"Could not ask {python} for its torch ({exc}): check --venv.")
+    if done.returncode != 0:
+        raise UserError(f"{python} has no torch: install plscale into it (make setup), or name another with --venv.")
+    if not done.stdout.strip():
+        raise UserError(f"The job's environment ({python}) has a CPU-only torch, so its GPU ranks would run on CPUs: "
+                        f"install the CUDA build (make clean && make setup TORCH_INDEX="
+                        f"https://download.pytorch.org/whl/cu126), or run CPU ranks with --cpu.")
 
 
 def _follow(job_id: str, run_dir: Path) -> int:
@@ -204,7 +258,10 @@ def _last_progress(output: Path) -> str:
         return ""
     for line in reversed(lines):
         if line.startswith("PLSCALE_PROGRESS "):
-            info = json.loads(line.split(" ", 1)[1])
+            try:
+                info = json.loads(line.split(" ", 1)[1])
+            except ValueError:  # cut short: the one before
+                continue
             return f"{info.get('phase', 'train')} {info['step']}/{info['total']} {info.get('text', '')}".rstrip()
     return ""
 
@@ -232,6 +289,10 @@ def logs(job: str = typer.Argument(..., help=JOB_HELP),
 def cancel(job: str = typer.Argument(..., help=JOB_HELP)) -> None:
     """Cancel a job (scancel) and wait until Slurm says it ended."""
     job_id, _ = _job(job)
+    now = jobs.state(job_id)
+    if now and not now.name.startswith(jobs.PREFIX):
+        raise UserError(f"Job {job_id} ({now.name}) is not one plscale submitted: cancel it with `scancel {job_id}` "
+                        f"if you mean to.")
     jobs.cancel(job_id)
     final = _wait_ended(job_id)
     console.print(f"Job {job_id}: {final.state if final else 'ended'}.")

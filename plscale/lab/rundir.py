@@ -71,13 +71,14 @@ def asking_dir(run_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"plscale-ask-{run_dir.name}-{digest}"
 
 
-def write_inputs(run_dir: Path, plan, resolved, command: list[str]) -> None:
-    """Everything the ranks and a later reader need, written before any rank starts."""
+def write_inputs(run_dir: Path, plan, resolved, command: list[str], started_by: str | None = None) -> None:
+    """Everything the ranks and a later reader need, written before any rank starts. command.txt: the
+    command, then what starts the ranks (`started_by`, else the launcher's command line)."""
     for name, text in plan.files.items():
         (run_dir / name).write_text(text)
     write_json(run_dir / "ds_config.json", resolved.ds_config)
     write_json(run_dir / "settings.json", resolved.record())
-    (run_dir / "command.txt").write_text(shlex.join(command) + "\n" + plan.shell() + "\n")
+    (run_dir / "command.txt").write_text(shlex.join(command) + "\n" + (started_by or plan.shell()) + "\n")
     write_json(run_dir / "env.json", plan.env)
 
 

@@ -231,15 +231,15 @@ class Request(NamedTuple):
     layout: str | None = None
 
 
-def parse(words: list[str]) -> Request:
+def parse(words: list[str], prog: str = "plscale lab run") -> Request:
     """`lab run zero --sweep --gpus 2 --cpu` (with or without `plscale lab run`) as a Request;
-    UserError for words `plscale lab run` would refuse."""
+    UserError for words `plscale lab run` would refuse, naming `prog`."""
     words = list(words)
     if words[:1] == ["plscale"]:
         words = words[1:]
     if words[:2] == ["lab", "run"]:
         words = words[2:]
-    parser = _Parser(prog="plscale lab run", add_help=False)
+    parser = _Parser(prog=prog, add_help=False)
     parser.add_argument("name")
     for dest in dict.fromkeys(FLAGS.values()):
         names = [flag for flag, d in FLAGS.items() if d == dest]
@@ -275,4 +275,4 @@ def command_line(name: str, opts: Options, variant: str | None = None, sweep: bo
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UserError(f"plscale lab run: {message}.")
+        raise UserError(f"{self.prog}: {message}.")

@@ -53,31 +53,36 @@ def show(lines, console: Console, log=None) -> None:
     terminal; else a line every tenth), the launchers' chatter left out. Every line also goes to `log`."""
     bar = None
     task = None
-    for line in lines:
-        if log is not None:
-            log.write(line)
-            log.flush()
-        line = line.rstrip("\n")
-        if line.startswith(PROGRESS):
-            info = json.loads(line[len(PROGRESS):])
-            if console.is_terminal:
-                if bar is None:
-                    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                   TextColumn("{task.completed}/{task.total} {task.fields[text]}"),
-                                   TimeRemainingColumn(), console=console, transient=True)
-                    bar.start()
-                    task = bar.add_task(info.get("phase", "train"), total=info["total"], text="")
-                bar.update(task, completed=info["step"], total=info["total"],
-                           description=info.get("phase", "train"), text=info.get("text", ""))
-            elif info["step"] == info["total"] or info["step"] % max(1, info["total"] // 10) == 0:
-                console.print(f"  {info.get('phase', 'train')} {info['step']}/{info['total']} "
-                              f"{info.get('text', '')}", markup=False, highlight=False)
-            continue
-        if CHATTER.search(line):
-            continue
-        (bar.console if bar else console).print(line, markup=False, highlight=False)
-    if bar is not None:
-        bar.stop()
+    try:
+        for line in lines:
+            if log is not None:
+                log.write(line)
+                log.flush()
+            line = line.rstrip("\n")
+            if line.startswith(PROGRESS):
+                try:
+                    info = json.loads(line[len(PROGRESS):])
+                except ValueError:  # a line cut short (a job killed as rank 0 wrote it)
+                    continue
+                if console.is_terminal:
+                    if bar is None:
+                        bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                       TextColumn("{task.completed}/{task.total} {task.fields[text]}"),
+                                       TimeRemainingColumn(), console=console, transient=True)
+                        bar.start()
+                        task = bar.add_task(info.get("phase", "train"), total=info["total"], text="")
+                    bar.update(task, completed=info["step"], total=info["total"],
+                               description=info.get("phase", "train"), text=info.get("text", ""))
+                elif info["step"] == info["total"] or info["step"] % max(1, info["total"] // 10) == 0:
+                    console.print(f"  {info.get('phase', 'train')} {info['step']}/{info['total']} "
+                                  f"{info.get('text', '')}", markup=False, highlight=False)
+                continue
+            if CHATTER.search(line):
+                continue
+            (bar.console if bar else console).print(line, markup=False, highlight=False)
+    finally:  # Ctrl-C too: the terminal gets its cursor back
+        if bar is not None:
+            bar.stop()
 
 
 def stop(proc: subprocess.Popen) -> None:

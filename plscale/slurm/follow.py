@@ -8,6 +8,7 @@ Ctrl-C raises KeyboardInterrupt out of `follow` and leaves the job alone: the CL
 to scancel it.
 """
 
+import os
 import time
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from rich.console import Console
 from plscale.run import runner
 from plscale.slurm import jobs
 
-POLL_S = 1.0
+POLL_S = 1.0          # while the job runs: rank 0's lines as they come
+PENDING_POLL_S = 5.0  # while it waits: a shared controller is asked less often
+PATIENCE_S = 120.0    # how long a controller that does not answer is waited for
 
 
 class Watch:
@@ -26,34 +29,48 @@ class Watch:
         self.job, self.output, self.console, self.poll_s = job, output, console, poll_s
         self.final: jobs.JobState | None = None
 
+    def _state(self) -> jobs.JobState | None:
+        """The job's state; a controller that does not answer is asked again for PATIENCE_S."""
+        deadline = time.time() + PATIENCE_S
+        while True:
+            try:
+                return jobs.state(self.job)
+            except jobs.Unreachable:
+                if time.time() > deadline:
+                    raise
+                time.sleep(self.poll_s)
+
     def lines(self):
         offset, partial, said = 0, "", None
         while True:
-            now = jobs.state(self.job)
+            now = self._state()
             status = (now.state, now.reason) if now else None
             if status != said and now and not now.finished:
                 where = f" on {now.nodes}" if now.nodes else ""
                 why = f" ({now.reason})" if now.reason not in ("None", "") else ""
                 self.console.print(f"job {self.job}: {now.state}{where}{why}", highlight=False)
                 said = status
-            if now is None or now.finished:
+            ended = now is None or now.finished
+            if ended:
                 time.sleep(self.poll_s)  # the file's last lines may reach a shared filesystem after the state does
             text, offset = _read_from(self.output, offset)
             partial += text
             *complete, partial = partial.split("\n")
             for line in complete:
                 yield line + "\n"
-            if now is None or now.finished:
-                if partial:
+            if ended:
+                if partial and not partial.startswith(runner.PROGRESS):  # a progress line cut short: dropped
                     yield partial + "\n"
                 self.final = now
                 return
-            time.sleep(self.poll_s)
+            time.sleep(PENDING_POLL_S if now.state == "PENDING" else self.poll_s)
 
 
 def _read_from(path: Path, offset: int) -> tuple[str, int]:
     try:
         with open(path, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size < offset:  # requeued, the file begun anew
+                offset = 0
             handle.seek(offset)
             data = handle.read()
     except FileNotFoundError:
@@ -72,6 +89,16 @@ def follow(job: str, run_dir: Path, console: Console, poll_s: float = POLL_S) ->
     return watch.final
 
 
+HINTS = {
+    "TIMEOUT": "It ran past its --time: give it more (plscale slurm submit ... --time 2:00:00), or fewer --steps.",
+    "OUT_OF_MEMORY": "A node ran out of host memory for the job: ask for more with --sbatch=--mem=64G (or "
+                     "--sbatch=--mem=0 for the whole node, where the cluster allows it).",
+    "NODE_FAIL": "A node failed under the job: submit it again (`sinfo -R` shows why nodes are down).",
+    "PREEMPTED": "A job of higher priority took its nodes: submit it again, or ask the admins for a QOS that is "
+                 "not preempted.",
+}
+
+
 def outcome(final: jobs.JobState | None, run_dir: Path, console: Console) -> int:
     """The summary of a job that completed, else how it ended and what failed; its exit code."""
     from plscale.run import flow
@@ -82,13 +109,15 @@ def outcome(final: jobs.JobState | None, run_dir: Path, console: Console) -> int
     if final.state == "COMPLETED":
         flow.report(run_dir, console)
         return 0
-    code = {"CANCELLED": 130, "TIMEOUT": 124}.get(final.state.split("+")[0], final.exit_code or 1)
-    console.print(f"[bold red]job {final.id} ended {final.state}[/] (exit code {final.exit_code}"
-                  + (f", signal {final.signal}" if final.signal else "") + f", after {final.elapsed})"
-                  + (f": {final.reason}" if final.reason not in ("None", "") else ""), highlight=False)
-    if final.state == "TIMEOUT":
-        console.print("It ran past its --time: give it more (plscale slurm submit ... --time 2:00:00) or fewer --steps.")
-    if final.state.startswith("CANCELLED"):
+    state = final.state.split()[0]
+    code = {"CANCELLED": 130, "TIMEOUT": 124}.get(state, final.exit_code or 1)
+    signal = f", signal {final.signal}" if final.signal and state not in ("OUT_OF_MEMORY", "TIMEOUT") else ""
+    console.print(f"[bold red]job {final.id} ended {final.state}[/] (exit code {final.exit_code}{signal}, "
+                  f"after {final.elapsed})" + (f": {final.reason}" if final.reason not in ("None", "") else ""),
+                  highlight=False)
+    if state in HINTS:
+        console.print(HINTS[state], highlight=False)
+    if state == "CANCELLED":
         return code
     if (run_dir / "summary.json").is_file():
         flow.report(run_dir, console)

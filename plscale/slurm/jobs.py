@@ -25,6 +25,10 @@ ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
 PREFIX = "plscale-"  # every job plscale submits is named plscale-<lab>-<variant>
 
 
+class Unreachable(UserError):
+    """scontrol failed for another reason than an unknown job: the controller is down or busy."""
+
+
 class JobState(NamedTuple):
     id: str
     state: str            # Slurm's JobState: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
@@ -57,7 +61,7 @@ def _call(argv: list, stdin: str | None = None, timeout: float = 60) -> subproce
     try:
         return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise UserError(f"{argv[0]} did not answer in {timeout:.0f} s: is the Slurm controller up? (`scontrol ping`)")
+        raise Unreachable(f"{argv[0]} did not answer in {timeout:.0f} s: is the Slurm controller up? (`scontrol ping`)")
 
 
 def refusal(text: str) -> str:
@@ -72,7 +76,8 @@ def check(text: str) -> None:
     done = _call([require(), "--test-only"], stdin=text)
     if done.returncode != 0:
         why = refusal(done.stderr or done.stdout)
-        hint = ("a partition without GPUs takes CPU ranks: add --cpu" if "gres" in why.lower() else
+        hint = ("this partition has no such GPUs: pick a GPU partition with --partition (`sinfo -o \"%P %G\"`), "
+                "name the GPU type with --gpu-type, or run CPU ranks with --cpu" if "gres" in why.lower() else
                 "check --partition, --account, --gpus, --cpus-per-node and --time against `sinfo`; --dry-run shows "
                 "the script")
         raise UserError(f"Slurm refuses the job: {why} ({hint}).")
@@ -86,7 +91,11 @@ def submit(path: Path) -> str:
 
 
 def state(job: str) -> JobState | None:
+    """The job as Slurm knows it; None once neither the controller nor accounting knows it."""
     done = _call([require("scontrol"), "show", "job", "-o", str(job)])
+    if done.returncode != 0 and "invalid job id" not in (done.stderr + done.stdout).lower():
+        raise Unreachable(f"scontrol show job {job}: {refusal(done.stderr or done.stdout)} (is the controller up? "
+                          f"`scontrol ping`)")
     if done.returncode == 0 and done.stdout.strip():
         fields = dict(item.partition("=")[::2] for item in done.stdout.split())
         code, _, sig = fields.get("ExitCode", "0:0").partition(":")

@@ -23,7 +23,9 @@ from pathlib import Path
 from plscale.run.launch import Plan
 from plscale.run.launchers import bin_path
 
-PORT_BASE, PORT_SPAN = 20000, 20000  # the job's rendezvous port: PORT_BASE + job id % PORT_SPAN
+# The job's rendezvous port, PORT_BASE + job id % PORT_SPAN: below Linux's ephemeral ports (32768 and up), where
+# no outgoing connection on the first node can hold it.
+PORT_BASE, PORT_SPAN = 10000, 20000
 THREADS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -39,6 +41,7 @@ class Job:
     preamble: str = ""            # shell lines run first: `module load cuda/12.4`, ...
     venv: str | None = None       # a virtualenv to activate
     conda: str | None = None      # or a conda environment
+    gpu_type: str | None = None   # a GRES type (a100, h100, ...): --gpus-per-node=TYPE:N
 
 
 def output_file(run_dir: Path) -> Path:
@@ -51,19 +54,23 @@ def render(plan: Plan, job: Job) -> str:
     gpu = plan.device == "cuda"
     directives = [f"--job-name={job.name}", f"--nodes={plan.nodes}",
                   "--ntasks-per-node=1          # one torchrun per node; it starts the node's ranks",
-                  *([f"--gpus-per-node={plan.ranks}"] if gpu else []),
+                  *([f"--gpus-per-node={job.gpu_type + ':' if job.gpu_type else ''}{plan.ranks}"] if gpu else []),
                   f"--cpus-per-task={job.cpus_per_node}", f"--time={job.time}",
                   *([f"--partition={job.partition}"] if job.partition else []),
                   *([f"--account={job.account}"] if job.account else []),
-                  f"--chdir={Path.cwd()}", f"--output={output_file(plan.run_dir)}", *job.sbatch]
+                  f"--chdir={Path.cwd()}", f"--output={output_file(plan.run_dir)}",
+                  "--no-requeue                 # a run again is a new run directory", *job.sbatch]
     lines = ["#!/bin/bash",
              f"# {job.name}: {plan.nodes} node(s), {plan.world_size} ranks in all. {plan.notice}",
              "# Written by `plscale slurm submit` into the run directory; command.txt has the command.",
              *(f"#SBATCH {d}" for d in directives),
              "set -euo pipefail", ""]
+    # The user's lines and the environment's activation run without `set -u`: many conda and module scripts
+    # read variables that may be unset.
     if job.preamble.strip():
-        lines += ["# --preamble", job.preamble.rstrip("\n"), ""]
-    lines += [_environment(job), ""]
+        lines += ["# --preamble", "set +u", job.preamble.rstrip("\n"), "set -u", ""]
+    comment, _, activate = _environment(job).partition("\n")
+    lines += [comment, *(["set +u", activate, "set -u"] if activate else []), ""]
     env = {k: v for k, v in sorted(plan.env.items()) if k not in THREADS}
     lines += ["# The ranks' environment: what `plscale lab run` sets (compute nodes seldom reach the hub).",
               "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())]
@@ -80,7 +87,9 @@ def render(plan: Plan, job: Job) -> str:
               f"port=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))",
               'echo "plscale: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s) ($SLURM_JOB_NODELIST), '
               'rendezvous at $head:$port"', "",
-              "# srun: one torchrun on every node; --kill-on-bad-exit stops the others when one fails.",
+              "# srun: one torchrun on every node; --kill-on-bad-exit stops the others when one fails. The steps get",
+              "# this environment even where the site's sbatch exports none (SBATCH_EXPORT=NONE).",
+              "export SLURM_EXPORT_ENV=ALL",
               'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
               "    " + " ".join(torchrun) + " \\",
               "    " + " ".join(script), ""]

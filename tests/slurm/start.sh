@@ -77,8 +77,10 @@ if ! pgrep -x munged >/dev/null; then
     chown -R munge:munge /etc/munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null || true
     if id munge >/dev/null 2>&1; then su -s /bin/sh munge -c munged 2>/dev/null || munged --force; else munged --force; fi
 fi
-pkill -x slurmctld 2>/dev/null || true
-pkill -x slurmd 2>/dev/null || true
+# Only this cluster's daemons are stopped (their pid files in $dir); another Slurm on this machine is left alone.
+for pidfile in "$dir"/slurmctld.pid "$dir"/slurmd*.pid; do
+    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+done
 sleep 0.5
 slurmctld -c   # -c: a clean state, no jobs left from an earlier cluster
 if [ ${#nodes[@]} = 2 ]; then
