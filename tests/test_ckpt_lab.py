@@ -142,12 +142,12 @@ def test_a_full_disk_leaves_earlier_checkpoints_untouched(lab, goldens, tmp_path
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("saved_by, resumed_by", [(2, 1), (1, 2)])
-def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, saved_by, resumed_by):
+def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, quick_cli, saved_by, resumed_by):
     same_batch = lambda ranks: ["--gpus", ranks, "--set", f"ds.grad_accum={2 // ranks}", "--set", "model.dropout=0",  # noqa: E731
                                 "--set", "ckpt.every=3", "--set", "ckpt.full_every=6", "--set", "ckpt.durable_every=6"]
     first, _ = lab("basic", *same_batch(saved_by))
-    refused = run_cli("lab", "run", "ckpt", *FAST, *same_batch(resumed_by),
-                      "--set", f"ckpt.resume={first / 'checkpoints'}")
+    refused = quick_cli("lab", "run", "ckpt", *FAST, *same_batch(resumed_by),
+                        "--set", f"ckpt.resume={first / 'checkpoints'}")
     assert refused.returncode == 2 and "--to universal" in refused.stderr
     out = run_cli("ckpt", "convert", first / "checkpoints", "--to", "universal")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -162,7 +162,7 @@ def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, saved_
 
 
 @pytest.mark.e2e
-def test_dcp_killed_and_restarted_run_equals_the_uninterrupted_one(lab):
+def test_dcp_killed_and_restarted_run_equals_the_uninterrupted_one(lab, quick_cli):
     # FSDP2 checkpointed by torch.distributed.checkpoint, dropout on: model, AdamW, WarmupLR and each rank's streams
     golden, _ = lab("dcp")
     run_dir, _ = lab("fault", "--set", "engine=fsdp2", "--set", "fault.step=5", "--set", "fault.rank=1")
@@ -175,7 +175,7 @@ def test_dcp_killed_and_restarted_run_equals_the_uninterrupted_one(lab):
     f = figures(load_summary(golden))["bytes per full checkpoint"]   # 12Ψ + the tied head again, + 0.6% of records
     assert f["predicted"] <= f["value"] <= 1.05 * f["predicted"]
     # a DeepSpeed run is told what the folder holds, before launch
-    refused = run_cli("lab", "run", "ckpt", *FAST, "--set", f"ckpt.resume={golden / 'checkpoints'}")
+    refused = quick_cli("lab", "run", "ckpt", *FAST, "--set", f"ckpt.resume={golden / 'checkpoints'}")
     assert refused.returncode == 2 and "add --set engine=fsdp2" in refused.stderr
 
 
@@ -218,7 +218,8 @@ def test_bad_checkpoint_settings_fail_before_launch(quick_cli, args, message):
 
 
 @pytest.mark.e2e
-def test_resume_refuses_another_model_or_stage_or_a_folder_without_latest(lab, goldens, cli, tmp_path):
+def test_resume_refuses_another_model_or_stage_or_a_folder_without_latest(lab, goldens, quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     root = goldens[2] / "checkpoints"
     other_model = cli("lab", "run", "ckpt", *FAST, "--set", "model.preset=small", "--set", f"ckpt.resume={root}")
     assert other_model.returncode == 2 and "another model" in other_model.stderr

@@ -100,13 +100,15 @@ def test_malformed_hostfile_is_one_line_before_launch(quick_cli, tmp_path, text,
     assert len(result.stderr.strip().splitlines()) == 1 and not cli.runs.exists()
 
 
-def test_data_dir_without_the_files(cli, tmp_path):
+def test_data_dir_without_the_files(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     (tmp_path / "empty").mkdir()
     result = cli("lab", "run", "mnist", "--data-dir", tmp_path / "empty")
     assert result.returncode == 2 and "has no MNIST idx files" in result.stderr
 
 
-def test_bad_ds_config_files(cli, tmp_path):
+def test_bad_ds_config_files(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     bad = tmp_path / "bad.json"
     bad.write_text("{oops")
     result = cli("lab", "run", "mnist", "--ds-config", bad)
@@ -119,7 +121,8 @@ def test_bad_ds_config_files(cli, tmp_path):
     assert result.returncode == 2 and "Cannot read DeepSpeed config" in result.stderr
 
 
-def test_config_commands(cli, tmp_path):
+def test_config_commands(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     out = tmp_path / "z3.json"
     assert cli("config", "new", out, "--stage", "3", "--gpus", "2").returncode == 0
     assert json.loads(out.read_text())["train_batch_size"] == 16

@@ -135,19 +135,17 @@ def test_each_fix_fits_its_peak_is_the_models_and_the_training_is_the_same(tmp_p
                                                     ("debug", "dist.timeout_s=0", "dist.timeout_s 0"),
                                                     ("oom", "train.steps=2", "the oom runs take 3 or more"),
                                                     ("oom-fsdp2", "oom.recompute=half", "oom.recompute 'half'")])
-def test_bad_settings_are_refused_before_launch(tmp_path, name, setting, message):
-    runs = tmp_path / "runs"
-    done = run_cli("lab", "run", name, "--gpus", "2", "--cpu", "--set", setting, env={"PLSCALE_RUNS_DIR": str(runs)})
+def test_bad_settings_are_refused_before_launch(quick_cli, name, setting, message):
+    done = quick_cli("lab", "run", name, "--gpus", "2", "--cpu", "--set", setting)
     assert done.returncode == 2 and message in done.stderr, done.stderr
-    assert not runs.exists() or not list(runs.iterdir())
+    assert not quick_cli.runs.exists() or not list(quick_cli.runs.iterdir())
 
 
-def test_profiling_an_oom_run_is_refused_before_launch(tmp_path):
+def test_profiling_an_oom_run_is_refused_before_launch(quick_cli):
     """The oom runs record with torch.profiler themselves, under the limit: one profiler at a time."""
-    runs = tmp_path / "runs"
-    done = run_cli("lab", "run", "oom-fsdp2", "--gpus", "2", "--cpu", "--profile", "1", env={"PLSCALE_RUNS_DIR": str(runs)})
+    done = quick_cli("lab", "run", "oom-fsdp2", "--gpus", "2", "--cpu", "--profile", "1")
     assert done.returncode == 2 and "--profile: the oom runs record their last step" in done.stderr, done.stderr
-    assert not runs.exists() or not list(runs.iterdir())
+    assert not quick_cli.runs.exists() or not list(quick_cli.runs.iterdir())
 
 
 def entry(seq, op, sizes, line, pg=("0", "default_pg")):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import load_summary
+from conftest import load_summary, run_cli
 from plscale.predict import activations, memory
 from plscale.predict.presets import preset
 from plscale.rank.census import activations_in_flight, saved_activations
@@ -16,6 +16,18 @@ from plscale.rank.models.llama import Llama
 
 FAST = ["--launcher", "torchrun", "--cpu", "--steps", "3", "--set", "model.seq=32", "--set", "bubble.micro_batches=[2,4]",
         "--set", "bubble.steps=2", "--set", "ds.grad_accum=4"]
+
+
+@pytest.fixture(scope="module")
+def plscale_1f1b(tmp_path_factory) -> dict:
+    """plscale's 1F1B on 2 stages, the run two tests compare with."""
+    runs = tmp_path_factory.mktemp("pipeline")
+
+    def cli(*args):
+        return run_cli(*args, env={"PLSCALE_RUNS_DIR": str(runs)})
+
+    cli.runs = runs
+    return run_lab(cli, "1f1b")
 
 
 def run_lab(cli, variant: str, *extra, gpus: int = 2) -> dict:
@@ -48,8 +60,8 @@ def check_summary(s: dict, m: int = 4) -> None:
 
 
 @pytest.mark.e2e
-def test_plscale_schedules_match_the_unpipelined_model_and_each_other(cli):
-    one_f_one_b, gpipe = run_lab(cli, "1f1b"), run_lab(cli, "gpipe")
+def test_plscale_schedules_match_the_unpipelined_model_and_each_other(cli, plscale_1f1b):
+    one_f_one_b, gpipe = plscale_1f1b, run_lab(cli, "gpipe")
     for s in (one_f_one_b, gpipe):
         check_summary(s)
     assert one_f_one_b["losses"] == gpipe["losses"]  # same arithmetic, other order
@@ -59,11 +71,11 @@ def test_plscale_schedules_match_the_unpipelined_model_and_each_other(cli):
 
 
 @pytest.mark.e2e
-def test_deepspeed_pipeline_module_matches(cli):
+def test_deepspeed_pipeline_module_matches(cli, plscale_1f1b):
     s = run_lab(cli, "deepspeed")
     check_summary(s)
     assert {c["name"] for c in s["checks"]} >= {"DeepSpeed's groups are the mesh's"}
-    ours = run_lab(cli, "1f1b")
+    ours = plscale_1f1b
     assert max(abs(a - b) / b for a, b in zip(s["losses"], ours["losses"])) < 1e-5
 
 
@@ -116,7 +128,8 @@ def test_bad_pipeline_settings_fail_before_launch(quick_cli, args, message):
     assert not cli.runs.exists() or not any(cli.runs.iterdir())
 
 
-def test_ds_config_batch_counts_data_parallel_ranks_only(cli, tmp_path):
+def test_ds_config_batch_counts_data_parallel_ranks_only(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     """2 stages x 2 replicas: train_batch_size is micro x accumulation x 2, not x 4."""
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
@@ -126,7 +139,8 @@ def test_ds_config_batch_counts_data_parallel_ranks_only(cli, tmp_path):
     assert "64 != micro batch 2 x accumulation 8 x data-parallel size 2 = 32" in out.stderr
 
 
-def test_ds_config_micro_batches_must_divide_the_batch(cli, tmp_path):
+def test_ds_config_micro_batches_must_divide_the_batch(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"gradient_accumulation_steps": 4, "train_batch_size": 30,
                                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))

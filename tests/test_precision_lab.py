@@ -108,7 +108,8 @@ def test_bad_input_is_refused_before_launch(quick_cli, args, message):
     assert not cli.runs.exists() or not any(cli.runs.iterdir())
 
 
-def test_a_users_fp16_config_is_refused_on_cpu(cli, tmp_path):
+def test_a_users_fp16_config_is_refused_on_cpu(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     from plscale.dsconfig.spec import DSSpec, build
 
     config = tmp_path / "fp16.json"

@@ -179,13 +179,15 @@ def test_bad_input_is_one_line_exit_2(quick_cli, args, message):
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def test_missing_data_files_exit_2(cli, tmp_path):
+def test_missing_data_files_exit_2(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     (tmp_path / "empty").mkdir()
     out = cli("lab", "run", "zero2", "--gpus", "2", "--data-dir", tmp_path / "empty", "--dry-run")
     assert out.returncode == 2 and "has no WikiText-2 files" in out.stderr
 
 
-def test_inconsistent_batch_triple_exit_2(cli, tmp_path):
+def test_inconsistent_batch_triple_exit_2(quick_cli, tmp_path):
+    cli = quick_cli  # refused before launch: in this process
     config = tmp_path / "ds.json"
     config.write_text(json.dumps({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4,
                                   "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}))
