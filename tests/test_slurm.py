@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_summary, only_run, run_cli
+from plscale.lab.rundir import node_scratch
 
 START = ROOT / "tests" / "slurm" / "start.sh"
 QUICK = ["--cpu", "--gpus", "2", "--set", "model.preset=tiny", "--set", "model.seq=32", "--set", "ds.micro_batch=2"]
@@ -91,7 +92,7 @@ def test_two_nodes_meet_over_the_network_and_train_as_two_ranks_on_one_node(subm
 
 def test_a_failing_job_is_reported_failed_with_the_ranks_last_lines(submit):
     out = submit("submit", "ckpt", *QUICK, SHARED, "--steps", "6", "--set", "ckpt.every=2", "--set", "fault.step=3",
-                 "--set", "fault.rank=1")
+                 "--set", "fault.rank=1", "--set", "ckpt.strategy=multilevel", "--set", "ckpt.durable_every=4")
     assert out.returncode != 0 and out.returncode != 2, out.stdout + out.stderr
     assert "ended FAILED" in out.stdout, out.stdout
     # rank 0 fails in its next collective, or torchrun stops it first: a rank's last lines, or the job's
@@ -100,6 +101,8 @@ def test_a_failing_job_is_reported_failed_with_the_ranks_last_lines(submit):
     run_dir = only_run(submit.runs)
     job = json.loads((run_dir / "slurm.json").read_text())["job"]
     assert "FAILED" in submit("status", job).stdout
+    assert "fast tier" in (run_dir / "rank_0.log").read_text()  # step 2 went to node-local memory...
+    assert not node_scratch(run_dir).exists()  # ...which the job cleared on its way out, failed or not
 
 
 def test_ctrl_c_asks_before_cancelling_and_cancel_ends_the_job(submit):

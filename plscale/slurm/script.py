@@ -92,7 +92,11 @@ def render(plan: Plan, job: Job) -> str:
               "export SLURM_EXPORT_ENV=ALL",
               'srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 \\',
               "    " + " ".join(torchrun) + " \\",
-              "    " + " ".join(script), ""]
+              "    " + " ".join(script) + " || code=$?", "",
+              "# The ranks' node-local scratch (lab 06's fast checkpoint tier, in /dev/shm) does not outlive the run.",
+              "srun --ntasks-per-node=1 python -c 'import sys; from plscale.lab.rundir import clear_node_scratch; "
+              "clear_node_scratch(sys.argv[1])' " + shlex.quote(str(plan.run_dir)) + " || true",
+              'exit "${code:-0}"', ""]
     return "\n".join(lines)
 
 
