@@ -265,3 +265,10 @@ def test_a_cpu_partition_script_shares_the_jobs_cpus_and_activates_the_conda_env
                  "export OMP_NUM_THREADS=$(( SLURM_CPUS_PER_TASK / 4 > 0 ? SLURM_CPUS_PER_TASK / 4 : 1 ))"]:
         assert line in out.stdout, line
     assert "--gpus-per-node" not in out.stdout and "source " not in out.stdout
+
+
+def test_doctor_says_whether_slurm_answers_here(submit, tmp_path):
+    up = run_cli("doctor", env={"SLURM_CONF": submit.env["SLURM_CONF"]})
+    assert "controller up: plscale slurm submit LAB" in up.stdout, up.stdout
+    none = run_cli("doctor", env={"PATH": f"{tmp_path}:{os.path.dirname(sys.executable)}"})  # no Slurm command
+    assert "no sbatch: `plscale slurm` runs on a Slurm cluster's login node" in none.stdout, none.stdout

@@ -80,6 +80,8 @@ def doctor(
         f"build DeepSpeed's cpu_adam and will fail; install g++ and the Python headers (apt install g++ python3-dev)")
     row("JIT op cache", None, f"{cache}: {', '.join(built) or 'empty (ops compile on first use, ~30-40 s each)'}")
     row("hub", None, "reachable" if hub_reachable() else "unreachable: offline data paths are used")
+    from plscale.slurm import jobs
+    row("slurm", None, escape(jobs.describe()))
     found = labs.all_labs()
     row("labs", bool(found), f"{len(found)} found in {labs.labs_root()}")
     ok &= bool(found)

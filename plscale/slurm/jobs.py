@@ -169,3 +169,17 @@ def mount_type(path: Path) -> str:
 
 LOCAL = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs", "devtmpfs", "vfat",
          "exfat", "squashfs"}
+
+
+def describe() -> str:
+    """One line for `plscale doctor`: the Slurm here, and whether its controller answers."""
+    if not shutil.which("sbatch"):
+        return "no sbatch: `plscale slurm` runs on a Slurm cluster's login node (docs/slurm.md)"
+    try:
+        version = _call(["sbatch", "--version"], timeout=5).stdout.strip()
+        ping = _call(["scontrol", "ping"], timeout=10).stdout
+    except Unreachable:
+        return "sbatch found, but Slurm does not answer in time (`scontrol ping`)"
+    if " is UP" not in ping:
+        return f"{version or 'sbatch found'}, but no controller answers (`scontrol ping`): check SLURM_CONF"
+    return f"{version or 'sbatch found'}, controller up: plscale slurm submit LAB (docs/slurm.md)"
