@@ -8,7 +8,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli import hf_model
 from plscale.cli.flags import in_flags, speaks_flags
+from plscale.cli.hf_model import is_hf
 from plscale.cli.output import console, make_console
 from plscale.errors import UserError
 from plscale.predict import plan as planner
@@ -43,6 +45,14 @@ ASSUMPTIONS = [
 
 def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
     given = {k: v for k, v in shape.items() if v is not None}
+    if is_hf(name):
+        if given:
+            raise UserError(f"--model {name} names its own shape: drop --{', --'.join(k.replace('_', '-') for k in given)}.")
+        config, read = hf_model.read(name)
+        make_console(stderr=True).print(escape(read) + ("; activations modelled as a Llama block of the same widths "
+                                        "(GPT-2's GELU MLP and LayerNorms keep other tensors)"
+                                        if config.family == "gpt2" else ""), highlight=False, soft_wrap=True)
+        return name, config
     if name is None and not given:
         raise UserError(f"Name a model with --model ({', '.join([*PRESETS, *SHAPES])}) or give its shape with "
                         f"--layers, --hidden, --heads, --kv-heads, --ffn and --vocab.")
@@ -85,7 +95,8 @@ def _this_machine(saved: Path | None, ranks: int, config: ModelConfig, micro_bat
 
 @speaks_flags()
 def plan(
-    model: str = typer.Option(None, "--model", "-m", help=f"A preset or published shape: {', '.join([*PRESETS, *SHAPES])}."),
+    model: str = typer.Option(None, "--model", "-m", help=f"A preset or published shape: {', '.join([*PRESETS, *SHAPES])}; "
+                              f"or a Hugging Face model's config: hf:FOLDER, hf:config.json, hf:org/name."),
     gpus: int = typer.Option(8, help="GPUs in all."),
     gpu: str = typer.Option(None, help=f"The GPU: {', '.join(GPUS)} (default H100); the options below change its figures."),
     memory: float = typer.Option(None, help="GiB per GPU (replaces the --gpu's)."),

@@ -10,6 +10,11 @@ Shape of one decoder layer (no biases anywhere, as in Llama):
     two RMSNorm weights of d
 plus the token embedding V x d, a final RMSNorm d and the output head V x d, which shares
 the embedding's weight when `tie_embeddings` (GPT-2 and Llama-3.2-1B do; Llama-2-7B does not).
+
+A Hugging Face model read from its config.json (plscale.predict.hf_config) may add biases to that
+shape (Qwen2's q, k, v; Llama's `attention_bias`, `mlp_bias`), or be GPT-2's block (`family`
+"gpt2"): q, k, v, o of d x d with biases, a GELU MLP d x f and f x d with biases, two LayerNorms
+(weight and bias) a layer and one at the end, and a learned position table of max_seq x d.
 """
 
 from dataclasses import asdict, dataclass, replace
@@ -32,6 +37,10 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0  # on each residual branch in training (GPT-2 style); Llama uses none
     attention: str = "fused"  # the attention core: "fused" (PyTorch's flash kernel) or "math" (scores kept)
+    family: str = "llama"     # "llama" (SwiGLU, RMSNorm, RoPE) or "gpt2" (GELU, LayerNorm, learned positions)
+    qkv_bias: bool = False    # biases on q, k and v (Qwen2; Llama's attention_bias also on o)
+    o_bias: bool = False
+    mlp_bias: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -75,15 +84,26 @@ def preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-def layer_params(c: ModelConfig) -> int:
+def layer_matmul_params(c: ModelConfig) -> int:
+    """One layer's matmul weights: what its FLOPs and its tensor-parallel shards count."""
     attention = 2 * c.hidden * c.hidden + 2 * c.hidden * c.kv_dim
-    mlp = 3 * c.hidden * c.ffn
-    return attention + mlp + 2 * c.hidden
+    return attention + (2 if c.family == "gpt2" else 3) * c.hidden * c.ffn
+
+
+def layer_params(c: ModelConfig) -> int:
+    """One layer's parameters: its matmuls, its norms and its biases."""
+    d, f = c.hidden, c.ffn
+    if c.family == "gpt2":  # every projection has a bias; two LayerNorms of weight and bias
+        return layer_matmul_params(c) + (3 * d + d) + (f + d) + 2 * 2 * d
+    biases = (d + 2 * c.kv_dim if c.qkv_bias else 0) + (d if c.o_bias else 0) + ((2 * f + d) if c.mlp_bias else 0)
+    return layer_matmul_params(c) + biases + 2 * d
 
 
 def param_count(c: ModelConfig) -> int:
     """Exactly sum(p.numel() for p in model.parameters()) of the built model."""
     embeddings = c.vocab * c.hidden * (1 if c.tie_embeddings else 2)
+    if c.family == "gpt2":  # a learned position table; the final LayerNorm's weight and bias
+        return embeddings + c.max_seq * c.hidden + c.layers * layer_params(c) + 2 * c.hidden
     return embeddings + c.layers * layer_params(c) + c.hidden
 
 
@@ -97,7 +117,7 @@ def flops_per_token(c: ModelConfig, seq: int) -> float:
     """Training FLOPs per token: 6 per weight of the matmuls (forward 2, backward 4), plus
     attention's scores and weighted sum, 6 * 2 * L * seq * d (counted causal-free, as in
     the PaLM paper's MFU)."""
-    matmul_weights = c.layers * (layer_params(c) - 2 * c.hidden) + c.vocab * c.hidden
+    matmul_weights = c.layers * layer_matmul_params(c) + c.vocab * c.hidden
     return 6 * matmul_weights + 12 * c.layers * seq * c.hidden
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from math import gcd
 
 from plscale.predict.errors import PredictionError
-from plscale.predict.presets import ModelConfig, layer_params, param_count
+from plscale.predict.presets import ModelConfig, layer_matmul_params, param_count
 from plscale.predict.units import BYTES as ELEMENT_BYTES  # activations' element size
 
 SHAPES = ("hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -59,22 +59,41 @@ def check_divisible(c: ModelConfig, tp: int, name: str = "the model") -> None:
 
 @dataclass(frozen=True)
 class RankParams:
-    sharded: int         # embedding (and untied head) + every layer's matmuls, / tp
-    replicated: int      # the RMSNorm weights, (2L + 1) * h, on every rank
+    sharded: int         # embedding (and untied head) + every layer's matmuls (and their column biases), / tp
+    replicated: int      # the norms, (2L + 1) * h for the Llama, on every rank (and row biases, positions)
 
     @property
     def total(self) -> int:
         return self.sharded + self.replicated
 
 
+def layer_split(c: ModelConfig) -> tuple[int, int]:
+    """One layer's (split, replicated) parameters under Megatron's layout: the matmuls and the
+    column-parallel layers' biases (q, k, v, gate, up; GPT-2's qkv and fc) are split over tp, the
+    norms and the row-parallel layers' biases (o, down; GPT-2's proj) are whole on every rank."""
+    d, f = c.hidden, c.ffn
+    if c.family == "gpt2":
+        return layer_matmul_params(c) + 3 * d + f, 2 * d + 2 * 2 * d
+    column = (d + 2 * c.kv_dim if c.qkv_bias else 0) + (2 * f if c.mlp_bias else 0)
+    row = (d if c.o_bias else 0) + (d if c.mlp_bias else 0)
+    return layer_matmul_params(c) + column, row + 2 * d
+
+
+def _outside(c: ModelConfig, first: bool, last: bool) -> int:
+    """The whole parameters outside the layers: the final norm on the last stage, GPT-2's position table
+    on the first."""
+    gpt2 = c.family == "gpt2"
+    return ((2 if gpt2 else 1) * c.hidden if last else 0) + (c.max_seq * c.hidden if gpt2 and first else 0)
+
+
 def params_per_rank(c: ModelConfig, tp: int) -> RankParams:
     """Parameters one rank of a TP group holds (exact; tp 1 gives param_count)."""
     check_divisible(c, tp)
     embeddings = c.vocab * c.hidden * (1 if c.tie_embeddings else 2)
-    matmuls = c.layers * (layer_params(c) - 2 * c.hidden)
-    replicated = (2 * c.layers + 1) * c.hidden
-    assert embeddings + matmuls + replicated == param_count(c)
-    return RankParams((embeddings + matmuls) // tp, replicated)
+    split, whole = layer_split(c)
+    replicated = c.layers * whole + _outside(c, True, True)
+    assert embeddings + c.layers * split + replicated == param_count(c)
+    return RankParams((embeddings + c.layers * split) // tp, replicated)
 
 
 def stage_params(c: ModelConfig, tp: int, pp: int, index: int) -> RankParams:
@@ -89,7 +108,8 @@ def stage_params(c: ModelConfig, tp: int, pp: int, index: int) -> RankParams:
     table = c.vocab * h // tp
     heads = (1 if first else 0) + (1 if last and (not c.tie_embeddings or not first) else 0)
     layers = c.layers // pp
-    return RankParams(heads * table + layers * (layer_params(c) - 2 * h) // tp, (2 * layers + (1 if last else 0)) * h)
+    split, whole = layer_split(c)
+    return RankParams(heads * table + layers * split // tp, layers * whole + _outside(c, first, last))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli import hf_model
 from plscale.cli.flags import speaks_flags
+from plscale.cli.hf_model import is_hf
 from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
@@ -18,7 +20,8 @@ from plscale.predict.units import BYTES
 @speaks_flags()
 def checkpoint(
     model: str = typer.Option("7b", "--model", "-m",
-                              help=f"A preset ({', '.join(PRESETS)}) or a parameter count (1.3e9, 350M, 7b)."),
+                              help=f"A preset ({', '.join(PRESETS)}), a parameter count (1.3e9, 350M, 7b), or a "
+                                   f"Hugging Face model's config: hf:FOLDER, hf:config.json, hf:org/name."),
     stage: int = typer.Option(2, help="ZeRO stage 0-3."),
     ranks: int = typer.Option(8, help="Data-parallel ranks N (each writes its optimizer partition)."),
     precision: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
@@ -55,7 +58,7 @@ def checkpoint(
         png_path("--png", png)
     if ranks < 1:
         raise UserError(f"--ranks {ranks}: a job has at least one rank.")
-    config = PRESETS.get(model)
+    config, read = hf_model.read(model) if is_hf(model) else (PRESETS.get(model), None)
     params = param_count(config) if config else parse_count(model)
     files = ckpt.checkpoint_bytes(params, stage, ranks, precision, config)
     mtbf = mtbf_hours * 3600
@@ -70,6 +73,8 @@ def checkpoint(
     table.add_row("[bold]per rank (rank 0)[/]", "", f"[bold]{_size(files.per_rank)}[/]", "")
     table.add_row("[bold]total[/]", "", f"[bold]{_size(files.total)}[/]", "")
     console.print(table)
+    if read:
+        console.print(escape(read), highlight=False, soft_wrap=True)
     source = "measured" if measured else f"{_size(files.per_rank)} / {write_gbps:g} GB/s"
     console.print(f"stall per checkpoint δ = {stall:.3g} s ({source}); MTBF M = {mtbf_hours:g} h; "
                   f"step {step_s:g} s")

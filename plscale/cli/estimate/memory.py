@@ -9,7 +9,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from plscale.cli import hf_model
 from plscale.cli.flags import speaks_flags
+from plscale.cli.hf_model import is_hf
 from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.predict import recompute as rc
@@ -28,7 +30,8 @@ from plscale.predict.units import GiB, MiB, gib
 @speaks_flags()
 def memory(
     model: str = typer.Option("7b", "--model", "-m",
-                              help=f"A preset ({', '.join(PRESETS)}) or a parameter count (1.3e9, 350M, 7b)."),
+                              help=f"A preset ({', '.join(PRESETS)}), a parameter count (1.3e9, 350M, 7b), or a "
+                                   f"Hugging Face model's config: hf:FOLDER, hf:config.json, hf:org/name."),
     vocab: int = typer.Option(None, help="Vocabulary size in place of the preset's (a lab trains its own tokenizer)."),
     stage: int = typer.Option(2, help="ZeRO stage 0-3."),
     gpus: int = typer.Option(8, help="Ranks in all: data parallel x tensor parallel x pipeline parallel."),
@@ -88,7 +91,13 @@ def memory(
     Context parallel (--cp): every activation term for s/cp tokens; model
     states as without (ZeRO shards over N = dp x cp = gpus / (tp * pp)).
     """
-    if model in PRESETS:
+    read = None
+    if is_hf(model):
+        if vocab is not None:
+            raise UserError("--vocab changes a preset's shape; a Hugging Face config names its own: drop --vocab.")
+        config, read = hf_model.read(model)
+        params, largest = param_count(config), largest_layer_params(config)
+    elif model in PRESETS:
         if vocab is not None and vocab < 1:
             raise UserError(f"--vocab {vocab}: a vocabulary has at least one token.")
         config = PRESETS[model] if vocab is None else PRESETS[model].with_vocab(vocab)
@@ -151,6 +160,11 @@ def memory(
                   f"recompute {recompute}{f' (first {recompute_layers} layers)' if recompute_layers else ''}"
                   f"{f', {attention} attention' if config else ''}")
     console.print(table)
+    if read:
+        console.print(escape(read), highlight=False, soft_wrap=True)
+    if config and config.family == "gpt2":
+        console.print("activations: modelled as a Llama block of the same widths; GPT-2's GELU MLP and LayerNorms "
+                      "keep other tensors (not measured here)", highlight=False)
     if config and rebuilt_bytes(setup):
         console.print(_activations_note(setup, unit, scale), highlight=False)
     if flops and recompute != "none":
