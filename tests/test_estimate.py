@@ -296,3 +296,14 @@ def test_cli_checkpoint_bad_input_is_one_line_exit_2(quick_cli, args, message):
     out = quick_cli("estimate", "checkpoint", *args)
     assert out.returncode == 2, out.stdout
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_estimate_takes_the_published_shapes_plan_takes(quick_cli):
+    """Llama 3 70B as `plscale plan` knows it: 70,553,706,496 parameters, as transformers counts
+    meta-llama/Meta-Llama-3-70B."""
+    out = quick_cli("estimate", "memory", "--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--stage", "1",
+                    "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["setup"]["params"] == 70_553_706_496
+    saved = quick_cli("estimate", "checkpoint", "--model", "llama3-70b", "--ranks", "64")
+    assert saved.returncode == 0 and "70.6B parameters" in saved.stdout, saved.stderr

@@ -162,6 +162,8 @@ def test_bad_input_is_a_user_error():
     (("--gpus", 64, "--tp", 16), "--tp 16: tensor parallelism stays inside a node of 8 GPUs"),
     (("--gpus", 64, "--pp", 64), "--pp 64 divides neither the 32 layers nor 32 + 2"),
     (("--gpus", 64, "--gpus-per-node", 3), "--gpus 64 is not a whole number of 3-GPU nodes"),
+    (("--gpus", 992, "--dp", 124, "--global-batch", 1000),
+     "--global-batch 1000 does not split over --dp 124 replicas: try --global-batch 992, a multiple of 124"),
     # sizes that would make the enumeration endless, or a batch given in tokens
     (("--gpus", 10**20), "the planner covers clusters of up to 1,048,576 GPUs"),
     (("--global-batch", 4194304), "--global-batch counts sequences, not tokens"),

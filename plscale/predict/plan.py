@@ -235,12 +235,17 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
     if given.get("cp", 1) > 1 and job.seq % (2 * given["cp"]):
         return (f"{{cp}} {given['cp']}: the zig-zag split needs {{seq}} {job.seq} to be a multiple of "
                 f"{2 * given['cp']}")
+    if "dp" in given and job.global_batch % given["dp"]:
+        dp = given["dp"]
+        return (f"{{global_batch}} {job.global_batch} does not split over {{dp}} {dp} replicas: try {{global_batch}} "
+                f"{dp * max(1, round(job.global_batch / dp))}, a multiple of {dp}")
     if "micro_batch" in fixed:
         return (f"{{micro_batch}} {fixed['micro_batch']} must divide each replica's share of {{global_batch}} "
                 f"{job.global_batch} (global batch / dp) into at least pp micro-batches, for some layout")
+    free = job.gpus // product  # the GPUs the free degrees share
     return (f"dp x tp x pp x cp must equal {{gpus}} {job.gpus}, with tp dividing the heads, pp the layers, 2 cp "
-            f"{{seq}} {job.seq} and dp {{global_batch}} {job.global_batch}{' and the fixed degrees' if given else ''}: "
-            f"try a global batch that is a multiple of {job.gpus // product}")
+            f"{{seq}} {job.seq} and dp {{global_batch}} {job.global_batch}{' and the fixed degrees' if given else ''}"
+            + (f": try a global batch that is a multiple of {free}" if free > 1 else ""))
 
 
 def plan(job: Job, gpu: GPU) -> Plan:

@@ -14,13 +14,15 @@ from plscale.cli.output import console, png_path
 from plscale.errors import UserError
 from plscale.predict import checkpoint as ckpt
 from plscale.predict.presets import PRESETS, param_count, parse_count
+from plscale.predict.published import SHAPES, model_shape
 from plscale.predict.units import BYTES
 
 
 @speaks_flags()
 def checkpoint(
     model: str = typer.Option("7b", "--model", "-m",
-                              help=f"A preset ({', '.join(PRESETS)}), a parameter count (1.3e9, 350M, 7b), or a "
+                              help=f"A preset ({', '.join(PRESETS)}), a published shape ({', '.join(SHAPES)}), "
+                                   f"a parameter count (1.3e9, 350M, 7b), or a "
                                    f"Hugging Face model's config: hf:FOLDER, hf:config.json, hf:org/name."),
     stage: int = typer.Option(2, help="ZeRO stage 0-3."),
     ranks: int = typer.Option(8, help="Data-parallel ranks N (each writes its optimizer partition)."),
@@ -58,7 +60,8 @@ def checkpoint(
         png_path("--png", png)
     if ranks < 1:
         raise UserError(f"--ranks {ranks}: a job has at least one rank.")
-    config, read = hf_model.read(model) if is_hf(model) else (PRESETS.get(model), None)
+    known = model.lower() in PRESETS or model.lower() in SHAPES  # a preset, or a published run's shape
+    config, read = hf_model.read(model) if is_hf(model) else (model_shape(model) if known else None, None)
     params = param_count(config) if config else parse_count(model)
     files = ckpt.checkpoint_bytes(params, stage, ranks, precision, config)
     mtbf = mtbf_hours * 3600

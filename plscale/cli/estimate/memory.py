@@ -23,6 +23,7 @@ from plscale.predict.presets import (
     param_count,
     parse_count,
 )
+from plscale.predict.published import SHAPES, model_shape
 from plscale.predict.setup import Setup, check_core, check_recompute
 from plscale.predict.units import GiB, MiB, gib
 
@@ -30,7 +31,8 @@ from plscale.predict.units import GiB, MiB, gib
 @speaks_flags()
 def memory(
     model: str = typer.Option("7b", "--model", "-m",
-                              help=f"A preset ({', '.join(PRESETS)}), a parameter count (1.3e9, 350M, 7b), or a "
+                              help=f"A preset ({', '.join(PRESETS)}), a published shape ({', '.join(SHAPES)}), "
+                                   f"a parameter count (1.3e9, 350M, 7b), or a "
                                    f"Hugging Face model's config: hf:FOLDER, hf:config.json, hf:org/name."),
     vocab: int = typer.Option(None, help="Vocabulary size in place of the preset's (a lab trains its own tokenizer)."),
     stage: int = typer.Option(2, help="ZeRO stage 0-3."),
@@ -97,10 +99,10 @@ def memory(
             raise UserError("--vocab changes a preset's shape; a Hugging Face config names its own: drop --vocab.")
         config, read = hf_model.read(model)
         params, largest = param_count(config), largest_layer_params(config)
-    elif model in PRESETS:
+    elif model.lower() in PRESETS or model.lower() in SHAPES:  # a preset, or a published run's shape
         if vocab is not None and vocab < 1:
             raise UserError(f"--vocab {vocab}: a vocabulary has at least one token.")
-        config = PRESETS[model] if vocab is None else PRESETS[model].with_vocab(vocab)
+        config = model_shape(model) if vocab is None else model_shape(model).with_vocab(vocab)
         params, largest = param_count(config), largest_layer_params(config)
     elif vocab is not None:
         raise UserError(f"--vocab changes a preset's shape, and {model!r} is not a preset: give one of "
