@@ -75,6 +75,11 @@ def test_fp8_casts_of_real_tensors(cli):
         assert cast["flushed"] == cast["flushed_predicted"] and cast["clipped"] == cast["clipped_predicted"], name
     assert casts["gradients, e4m3, per-tensor"]["flushed"] < 0.01 and casts["gradients, e5m2, per-tensor"]["error"] < 0.125
     assert (run_dir / "fp8.png").stat().st_size > 10_000
+    f = figures(s)  # its training steps' utilisation, against the measured matmul peak of fp32
+    assert 0 < f["MFU"]["value"] < 100 and "GFLOP/s float32 (measured matmul" in f["MFU"]["note"]
+    assert f["HFU"]["value"] == f["MFU"]["value"] and "median of 1 timed steps" in f["throughput"]["note"]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [0 < row["mfu"] < 1 for row in steps if "loss" in row] == [True, True]
 
 
 @pytest.mark.parametrize("args, message", [

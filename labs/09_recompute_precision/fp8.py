@@ -21,6 +21,7 @@ column is each tensor's ||q/s - x|| / ||x||, averaged over the tensors.
 """
 
 import math
+import time
 from dataclasses import replace
 
 import deepspeed
@@ -35,6 +36,7 @@ from plscale.rank import runtime, taps
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
 S, ds, dev, N = ctx.settings, ctx.ds_config, ctx.device, ctx.world_size
@@ -58,20 +60,23 @@ engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters
 precision = "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
 ctx.log(f"\ndata: {corpus.source}\ntraining '{S['model']['preset']}' {steps} steps in {precision}, then one "
         f"batch's tensors at its {sum(isinstance(m, torch.nn.Linear) for m in model.modules())} linear layers")
+util, times = Utilization(ctx, config, seq, ds["train_micro_batch_size_per_gpu"] * accum * N * seq, precision), []
 for step in range(steps):
     total = torch.zeros((), dtype=torch.float64, device=dev)
+    t0 = time.perf_counter()
     for block in shards.step(step):
         block = block.to(dev)
         loss = engine(block[:, :-1], block[:, 1:])
         engine.backward(loss)
         engine.step()
         total += loss.detach().double()
-    dist.all_reduce(total)
-    ctx.metrics.step(step=step, loss=total.item() / (N * accum))
+    dist.all_reduce(total)  # the loss read back (.item) ends the step: a training loop's own log does the same
+    times.append(time.perf_counter() - t0)
+    ctx.metrics.step(step=step, loss=total.item() / (N * accum), step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress("training", step + 1, steps, f"loss {total.item() / (N * accum):.4f}")
 
 # ---- One batch's real tensors, in fp32, cast to each format with and without scaling ----------
-figures, results = [], {}
+figures, results = util.figures(times[1:] or times), {}  # the first step warms up: untimed
 pair = lambda got, want, width, digits: f"{100 * got:.{digits}f}% / {100 * want:.{digits}f}%".rjust(width)
 if ctx.is_main:
     probe = Llama(config).to(dev)                 # the trained weights, in fp32, outside the engine
