@@ -42,7 +42,10 @@ def test_context_parallel_matches_one_rank(cli):
     for length, one_rank, _, split, _ in s["activations"]:  # cp cuts the activations per rank
         assert split < one_rank / ranks * 1.05, (length, one_rank, split)
     want = "DeepSpeed's comms logger"
-    assert want in out.stdout
+    assert want in out.stdout  # on again after the timed steps, for the Ulysses messages
+    f = {x["name"]: x for x in s["figures"]}  # the split Llama's training: a sequence counted once, not cp times
+    assert 0 < f["MFU"]["value"] < 100 and "GFLOP/s float32 (measured matmul" in f["MFU"]["note"]
+    assert f["HFU"]["value"] == f["MFU"]["value"] and "median of 2 timed steps" in f["throughput"]["note"]
 
 
 @pytest.mark.e2e

@@ -11,16 +11,17 @@ attention needs every earlier key. Two ways to give it them:
                     attends over the whole sequence with heads / cp heads, and trades back
 
 With a causal mask the plain split leaves the last rank most of the work; the zig-zag split
-(2cp chunks, rank r holds chunks r and 2cp - 1 - r) evens it out. The lab checks both
-attentions against attention on one rank, measures the balance, the bytes each rank sends
-and the activations per rank against their predictions (plscale estimate cp), then trains
-the Llama with its sequence split, through DeepSpeed, against the dense model's loss.
+(2cp chunks, rank r holds chunks r and 2cp - 1 - r) evens it out. The lab checks both attentions
+against attention on one rank, measures the balance, the bytes each rank sends and the activations
+per rank against their predictions (plscale estimate cp), then trains the split Llama through
+DeepSpeed against the dense model's loss, and reports its throughput and MFU.
 
     plscale lab run ring-attention --gpus 2      (--gpus 4: cp 4; the ulysses variant: DeepSpeed-Ulysses)
     deepspeed --num_gpus 2 labs/08_context_expert/context.py --variant ulysses
         (DS_ACCELERATOR=cpu without GPUs; PLSCALE_DATA_DIR=path/to/wikitext-2 for the real data)
 """
 
+import time
 from dataclasses import replace
 
 import deepspeed
@@ -44,6 +45,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.mesh import MegatronMPU, Mesh
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
@@ -51,15 +53,13 @@ CP, opts, seq, seed = S["parallel"]["cp"], S["cp"], S["model"]["seq"], S["seed"]
 attention, split = opts["attention"], opts["split"]
 micro, accum = ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]
 config = preset(S["model"]["preset"])
-heads, kv_heads, head_dim = config.heads, config.kv_heads, config.head_dim
-figures = []
+heads, kv_heads, head_dim, figures = config.heads, config.kv_heads, config.head_dim, []
 
 # ---- The mesh: the ranks that share each sequence (cp), and the replicas (dp) --------------
 mesh = Mesh.build(cp=CP, dims=("tp", "cp", "dp", "dp-cp", "pp"))
 group, me, dp, replica = mesh.group("cp"), mesh.rank_in("cp"), mesh.size("dp"), mesh.rank_in("dp")
-ctx.log(f"mesh: {mesh.layout}\n  context-parallel groups (cp): {mesh.layout.groups('cp')}   each sequence "
-        f"split across these ranks\n  gradient groups (dp x cp):    {mesh.layout.groups('dp-cp')}   summed over cp, "
-        f"averaged over dp")
+ctx.log(f"mesh: {mesh.layout}\n  context-parallel groups (cp): {mesh.layout.groups('cp')}   each sequence split over them"
+        f"\n  gradient groups (dp x cp):    {mesh.layout.groups('dp-cp')}   summed over cp, averaged over dp")
 if ctx.is_main:
     plots.mesh_grid(mesh.layout, ctx.run_dir / "mesh.png")
 
@@ -84,9 +84,8 @@ ctx.log(f"\nattention over {seq} tokens split across cp {CP}, against attention 
 for kind, cut in (("ring", "plain"), ("ring", "zigzag"), ("ulysses", "plain")):
     mine, local, out = attend(kind, cut, q, k, v)
     out.backward(dout[:, :, mine])
-    gaps = {"output": (out - full[:, :, mine]).abs().max().item()}
-    for name, whole, part in zip(("dq", "dk", "dv"), (q, k, v), local):
-        gaps[name] = (part.grad - whole.grad[:, :, mine]).abs().max().item()
+    gaps = {"output": (out - full[:, :, mine]).abs().max().item(), **{name: (part.grad - whole.grad[:, :, mine])
+            .abs().max().item() for name, whole, part in zip(("dq", "dk", "dv"), (q, k, v), local)}}
     worst = {name: max(gathered(gap, group)) for name, gap in gaps.items()}  # the largest over the ranks
     label = f"{kind} attention, {cut} split" if kind == "ring" else "Ulysses (DeepSpeed DistributedAttention)"
     ctx.log(f"  {label:42}" + "  ".join(f"{n} {gap:.1e}" for n, gap in worst.items()))
@@ -169,27 +168,29 @@ if ctx.is_main:
         f"activations per rank against sequence length ('{S['model']['preset']}')", "sequence length", "MiB")
 
 # ---- 4. Training: the Llama with its sequences split, through DeepSpeed ---------------------
-# Each cp rank's loss is its tokens' share; DeepSpeed, told the mesh (MegatronMPU), sums the
-# gradients over cp and averages them over dp.
+# Each cp rank's loss is its tokens' share; DeepSpeed, told the mesh (MegatronMPU), sums over cp, averages over dp.
 engine, *_ = deepspeed.initialize(model=split_model, model_parameters=split_model.parameters(), config=ds,
                                   mpu=MegatronMPU(mesh))
 blocks = wikitext.pack(tokens.train, seq)
 batch = wikitext.replica_batches(blocks, micro, accum, seed, dev, dp, replica)  # batch(step, replica=mine)
 ctx.log(f"\ntraining: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, "
         f"each split over cp {CP} ({split} split), {attention} attention")
-steps, losses = S["train"]["steps"], []
+steps, losses, times = S["train"]["steps"], [], []
+util = Utilization(ctx, config, seq, micro * accum * dp * seq, S["ds"]["precision"])  # a sequence counts once
 for step in range(steps):
-    total = 0.0
-    for x, y in batch(step):
-        loss = engine(*split_batch(x, y, CP, me, split))
-        engine.backward(loss)
-        engine.step()
-        total += loss.item()
-    mean = torch.tensor([total / accum], dtype=torch.float64, device=dev)
-    dist.all_reduce(mean, group=mesh.group("dp-cp"))  # shares add up over cp; replicas average
-    losses.append(mean.item() / dp)
-    ctx.metrics.step(step=step, loss=losses[-1])
+    t0, total = time.perf_counter(), torch.zeros((), dtype=torch.float64, device=dev)
+    with comms.off():  # timed steps: the comms logger waits on every collective
+        for x, y in batch(step):
+            loss = engine(*split_batch(x, y, CP, me, split))
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().double() / accum
+    dist.all_reduce(total, group=mesh.group("dp-cp"))  # shares add up over cp; replicas average
+    losses.append(total.item() / dp)
+    times.append(time.perf_counter() - t0)
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"cp {CP}, {attention}", step + 1, steps, f"loss {losses[-1]:.4f}")
+figures += util.figures(times[1:] or times)  # the first step warms up
 
 parity = min(S["train"]["parity_steps"], steps)
 if ctx.is_main and parity:  # the dense model has run forwards only: it is at the initial weights
@@ -197,9 +198,8 @@ if ctx.is_main and parity:  # the dense model has run forwards only: it is at th
     ctx.log("loss, context-parallel vs dense: " + step_by_step(losses, want))
     ctx.check(*follows("the split Llama follows the dense model's loss", losses, want))
 # ---- 5. Bytes each rank sends per layer, as the sequence grows: ring and Ulysses -----------
-# Ring: the ring's own tally of point-to-point sends. Ulysses: DeepSpeed's comms logger (on once
-# deepspeed.initialize has read ds.comms_logger), which records each all-to-all's whole
-# message; an all-to-all keeps the P-th addressed to the rank itself, the rest leaves it.
+# Ring: the ring's own tally of point-to-point sends. Ulysses: DeepSpeed's comms logger (on once deepspeed
+# .initialize read ds.comms_logger) records each all-to-all's whole message, of which the P-th stays on the rank.
 traffic, logged = [], comms.enabled()
 for length in opts["comm_seqs"]:
     g = torch.Generator().manual_seed(seed)

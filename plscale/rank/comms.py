@@ -17,6 +17,7 @@ version does, and `snapshot()` turns either into seconds per op.
 
 import functools
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -73,6 +74,17 @@ def stop() -> dict[str, Traffic]:
     totals = snapshot()
     _logger().enabled = False
     return totals
+
+
+@contextmanager
+def off():
+    """The logger off for the block (the steps a lab times), then as it was."""
+    was = _logger().enabled
+    _logger().enabled = False
+    try:
+        yield
+    finally:
+        _logger().enabled = was
 
 
 def per_step(before: dict, after: dict, steps: int, min_bytes: int = 1024) -> dict[str, Traffic]:
