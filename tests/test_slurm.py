@@ -215,6 +215,8 @@ def test_what_slurm_or_the_cluster_refuses_fails_in_one_line_and_submits_nothing
     (["submit", "zero2", "--sbatch=--output=x.out"], "plscale sets --output itself (the job's output goes into the run"),
     (["submit", "zero2", "--sbatch=--gres=gpu:2"], "plscale sets --gres itself (use --gpus (per node) and --gpu-type)"),
     (["submit", "zero2", "--partiton", "gpu"], "plscale slurm submit: unrecognized arguments: --partiton gpu"),
+    (["submit", "zero2", "--time", "-5"], "--time '-5': give Slurm's form: minutes (30), MM:SS, HH:MM:SS"),
+    (["submit", "zero2", "--time", "1h"], "--time '1h': give Slurm's form"),
     (["submit", "zero2", "--set", "model.preset=smol"], "No model preset 'smol'"),
     (["status", "not-a-job"], "is neither a job id nor a run directory"),
     (["submit", "zero2", "--gpus", "3"], "Lab zero runs with 1, 2, 4, 8 ranks, not 3"),
@@ -265,6 +267,13 @@ def test_a_cpu_partition_script_shares_the_jobs_cpus_and_activates_the_conda_env
                  "export OMP_NUM_THREADS=$(( SLURM_CPUS_PER_TASK / 4 > 0 ? SLURM_CPUS_PER_TASK / 4 : 1 ))"]:
         assert line in out.stdout, line
     assert "--gpus-per-node" not in out.stdout and "source " not in out.stdout
+
+
+def test_a_job_slurm_does_not_know_is_named_in_one_line(submit):
+    for command in ("status", "cancel", "logs"):
+        out = submit(command, "999999")
+        assert out.returncode == 2 and "999999" in out.stderr and len(out.stderr.strip().splitlines()) == 1, \
+            (command, out.stdout, out.stderr)
 
 
 def test_doctor_says_whether_slurm_answers_here(submit, tmp_path):

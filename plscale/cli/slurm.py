@@ -7,10 +7,12 @@ its id or its run directory. docs/slurm.md is the guide.
 """
 
 import math
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -21,7 +23,7 @@ from plscale.cli.output import console
 from plscale.errors import UserError
 from plscale.files import read_json, write_json
 from plscale.lab.rundir import new_run_dir, runs_root, write_inputs
-from plscale.run import flow
+from plscale.run import flow, runner
 from plscale.slurm import follow, jobs, script
 
 app = typer.Typer(help="Run the labs on a Slurm cluster: submit, follow, status, logs, cancel.", no_args_is_help=True)
@@ -29,6 +31,8 @@ PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 JOB_HELP = "A job id, or the run directory of a job plscale submitted."
 # `plscale lab run` flags a Slurm job decides itself: its nodes find each other through the rendezvous.
 DECIDED = {"hostfile": "--hostfile", "node_rank": "--node-rank", "master_port": "--master-port"}
+# Slurm's --time forms (sbatch(1)): minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S; each count from 0 up.
+TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE)
 # sbatch options plscale sets itself, and how to change them instead.
 _GPUS = "use --gpus (per node) and --gpu-type"
 OWN = {"--output": "the job's output goes into the run directory", "--error": "the job's output goes into the run "
@@ -64,7 +68,7 @@ def submit(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as fo
     """Submit a lab: `plscale slurm submit zero2 --nodes 2 --gpus 8 --partition gpu --time 1:00:00`
     (`plscale lab run`'s flags pass through: --gpus, --nodes, --cpu, --steps, --set, --data-dir, ...)."""
     request = flow.parse(["lab", "run", lab, *ctx.args], prog="plscale slurm submit")
-    _check_options(request, venv, conda, preamble, cpus_per_node, sbatch)
+    _check_options(request, venv, conda, preamble, cpus_per_node, sbatch, time_limit)
     opts = request.opts
     opts.scheduler = "slurm"
     the_lab, chosen = flow.choose(request.name, request.variant, data_dir=opts.data_dir)
@@ -109,7 +113,7 @@ def submit(ctx: typer.Context, lab: str = typer.Argument(..., help="A lab, as fo
     raise typer.Exit(_follow(job_id, run_dir))
 
 
-def _check_options(request, venv, conda, preamble, cpus_per_node, sbatch) -> None:
+def _check_options(request, venv, conda, preamble, cpus_per_node, sbatch, time_limit) -> None:
     """What `submit` refuses in the options themselves, before the lab is resolved."""
     opts = request.opts
     for dest, flag in DECIDED.items():
@@ -126,6 +130,9 @@ def _check_options(request, venv, conda, preamble, cpus_per_node, sbatch) -> Non
         raise UserError(f"--venv {venv}: no bin/activate there; give the virtualenv's folder (python -m venv DIR).")
     if preamble and not preamble.is_file():
         raise UserError(f"--preamble {preamble} is not a file: write the lines the job runs first into one.")
+    if time_limit is not None and not TIME.fullmatch(time_limit.strip()):
+        raise UserError(f"--time {time_limit!r}: give Slurm's form: minutes (30), MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
+                        f"D-HH:MM:SS (1-00:00) or UNLIMITED.")
     if cpus_per_node is not None and cpus_per_node < 1:
         raise UserError(f"--cpus-per-node {cpus_per_node}: use 1 or more.")
     for option in sbatch:
@@ -195,8 +202,6 @@ def _follow(job_id: str, run_dir: Path) -> int:
 
 
 def _wait_ended(job_id: str, wait_s: float = 60):
-    import time
-
     deadline = time.time() + wait_s
     while True:
         now = jobs.state(job_id)
@@ -233,8 +238,11 @@ def status(job: str = typer.Argument(None, help=JOB_HELP + " Default: every plsc
         return
     job_id, run_dir = _job(job)
     now = jobs.state(job_id)
+    if now is None and run_dir is None:
+        raise UserError(f"Slurm knows no job {job_id}, and no run directory under {runs_root()} names it: see "
+                        f"`plscale slurm status` for the jobs in the queue.")
     if now is None:
-        console.print(f"Slurm no longer knows job {job_id}." + (f" Its run directory: {run_dir}" if run_dir else ""))
+        console.print(f"Slurm no longer knows job {job_id}. Its run directory: {run_dir}", soft_wrap=True)
     else:
         console.print(f"job {job_id} ({now.name}): [bold]{now.state}[/]"
                       + (f" on {now.nodes}" if now.nodes else "")
@@ -242,7 +250,7 @@ def status(job: str = typer.Argument(None, help=JOB_HELP + " Default: every plsc
                       + (f", {now.elapsed}" if now.elapsed else "")
                       + (f", exit code {now.exit_code}" if now.finished else ""), highlight=False)
     if run_dir:
-        progress = _last_progress(follow.output_of(job_id, run_dir))
+        progress = _last_progress(script.output_file(run_dir, job_id))
         if progress:
             console.print(f"rank 0: {progress}", highlight=False)
         console.print(f"run directory: {run_dir}"
@@ -250,19 +258,12 @@ def status(job: str = typer.Argument(None, help=JOB_HELP + " Default: every plsc
 
 
 def _last_progress(output: Path) -> str:
-    import json
-
     try:
         lines = output.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    for line in reversed(lines):
-        if line.startswith("PLSCALE_PROGRESS "):
-            try:
-                info = json.loads(line.split(" ", 1)[1])
-            except ValueError:  # cut short: the one before
-                continue
-            return f"{info.get('phase', 'train')} {info['step']}/{info['total']} {info.get('text', '')}".rstrip()
+    for info in filter(None, map(runner.progress_of, reversed(lines))):
+        return f"{info.get('phase', 'train')} {info['step']}/{info['total']} {info.get('text', '')}".rstrip()
     return ""
 
 
@@ -278,10 +279,10 @@ def logs(job: str = typer.Argument(..., help=JOB_HELP),
                         f"runs/...).")
     if follow_it:
         raise typer.Exit(_follow(job_id, run_dir))
-    path = run_dir / f"rank_{rank}.log" if rank is not None else follow.output_of(job_id, run_dir)
+    path = run_dir / f"rank_{rank}.log" if rank is not None else script.output_file(run_dir, job_id)
     if not path.is_file():
         raise UserError(f"{path} is not written yet: the job may still be pending (plscale slurm status {job_id}).")
-    text = [line for line in path.read_text(errors="replace").splitlines() if not line.startswith("PLSCALE_PROGRESS ")]
+    text = [line for line in path.read_text(errors="replace").splitlines() if not line.startswith(runner.PROGRESS)]
     console.print("\n".join(text[-lines:]), markup=False, highlight=False)
 
 
@@ -290,7 +291,9 @@ def cancel(job: str = typer.Argument(..., help=JOB_HELP)) -> None:
     """Cancel a job (scancel) and wait until Slurm says it ended."""
     job_id, _ = _job(job)
     now = jobs.state(job_id)
-    if now and not now.name.startswith(jobs.PREFIX):
+    if now is None:
+        raise UserError(f"Slurm knows no job {job_id}: see `plscale slurm status` for the jobs in the queue.")
+    if not now.name.startswith(jobs.PREFIX):
         raise UserError(f"Job {job_id} ({now.name}) is not one plscale submitted: cancel it with `scancel {job_id}` "
                         f"if you mean to.")
     jobs.cancel(job_id)

@@ -48,6 +48,17 @@ def run(plan: Plan, run_dir: Path, console: Console) -> int:
     return code
 
 
+def progress_of(line: str) -> dict | None:
+    """A `PLSCALE_PROGRESS {json}` line's fields (phase, step, total, text); None for another line, or one cut
+    short (a job killed as rank 0 wrote it)."""
+    if not line.startswith(PROGRESS):
+        return None
+    try:
+        return json.loads(line[len(PROGRESS):])
+    except ValueError:
+        return None
+
+
 def show(lines, console: Console, log=None) -> None:
     """The launcher's output as the console shows it: rank 0's lines, its progress as a bar (on a
     terminal; else a line every tenth), the launchers' chatter left out. Every line also goes to `log`."""
@@ -60,9 +71,8 @@ def show(lines, console: Console, log=None) -> None:
                 log.flush()
             line = line.rstrip("\n")
             if line.startswith(PROGRESS):
-                try:
-                    info = json.loads(line[len(PROGRESS):])
-                except ValueError:  # a line cut short (a job killed as rank 0 wrote it)
+                info = progress_of(line)
+                if info is None:
                     continue
                 if console.is_terminal:
                     if bar is None:

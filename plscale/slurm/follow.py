@@ -15,10 +15,11 @@ from pathlib import Path
 from rich.console import Console
 
 from plscale.run import runner
-from plscale.slurm import jobs
+from plscale.slurm import jobs, script
 
 POLL_S = 1.0          # while the job runs: rank 0's lines as they come
-PENDING_POLL_S = 5.0  # while it waits: a shared controller is asked less often
+PENDING_POLL_S = 5.0  # while it has waited PATIENT_S: a shared controller is asked less often
+PATIENT_S = 30.0      # (a job that starts at once is seen to run, however short it is)
 PATIENCE_S = 120.0    # how long a controller that does not answer is waited for
 
 
@@ -41,7 +42,7 @@ class Watch:
                 time.sleep(self.poll_s)
 
     def lines(self):
-        offset, partial, said = 0, "", None
+        offset, partial, said, since = 0, "", None, time.time()
         while True:
             now = self._state()
             status = (now.state, now.reason) if now else None
@@ -63,7 +64,8 @@ class Watch:
                     yield partial + "\n"
                 self.final = now
                 return
-            time.sleep(PENDING_POLL_S if now.state == "PENDING" else self.poll_s)
+            waited = now.state == "PENDING" and time.time() - since > PATIENT_S
+            time.sleep(PENDING_POLL_S if waited else self.poll_s)
 
 
 def _read_from(path: Path, offset: int) -> tuple[str, int]:
@@ -78,13 +80,9 @@ def _read_from(path: Path, offset: int) -> tuple[str, int]:
     return data.decode(errors="replace"), offset + len(data)
 
 
-def output_of(job: str, run_dir: Path) -> Path:
-    return Path(run_dir) / f"slurm-{job}.out"
-
-
 def follow(job: str, run_dir: Path, console: Console, poll_s: float = POLL_S) -> jobs.JobState | None:
     """Show the job until it ends; its final state (None once Slurm has forgotten it)."""
-    watch = Watch(job, output_of(job, run_dir), console, poll_s)
+    watch = Watch(job, script.output_file(run_dir, job), console, poll_s)
     runner.show(watch.lines(), console)
     return watch.final
 
@@ -121,5 +119,5 @@ def outcome(final: jobs.JobState | None, run_dir: Path, console: Console) -> int
         return code
     if (run_dir / "summary.json").is_file():
         flow.report(run_dir, console)
-    runner.report_failure(run_dir, code, console, output_of(final.id, run_dir).name)
+    runner.report_failure(run_dir, code, console, script.output_file(run_dir, final.id).name)
     return code

@@ -44,9 +44,10 @@ class Job:
     gpu_type: str | None = None   # a GRES type (a100, h100, ...): --gpus-per-node=TYPE:N
 
 
-def output_file(run_dir: Path) -> Path:
-    """Where Slurm writes the job's output: every node's torchrun, rank 0's lines among them."""
-    return Path(run_dir) / "slurm-%j.out"
+def output_file(run_dir: Path, job: str = "%j") -> Path:
+    """Where Slurm writes the job's output: every node's torchrun, rank 0's lines among them (%j: the
+    job id, as sbatch's --output writes it)."""
+    return Path(run_dir) / f"slurm-{job}.out"
 
 
 def render(plan: Plan, job: Job) -> str:
