@@ -56,6 +56,9 @@ def test_estimate_memory_and_checkpoint_read_the_config_and_say_what_they_read(s
     assert terms["parameters"]["device"] == 4 * model.num_parameters() / 2  # fp32, ZeRO-3 over 2 ranks
     gpt2 = run_cli("estimate", "checkpoint", "--model", f"hf:{saved / 'gpt2'}")
     assert gpt2.returncode == 0 and "model_type = gpt2" in gpt2.stdout, gpt2.stdout + gpt2.stderr
+    gpt2 = run_cli("estimate", "memory", "--model", f"hf:{saved / 'gpt2'}", "--gpus", "2", "--seq", "64")
+    assert "activations: modelled as a Llama block of the same widths" in gpt2.stdout  # said where it is not exact
+    assert "modelled as a Llama block" not in out.stdout  # Qwen2's block is the Llama's
 
 
 def test_plan_takes_a_hugging_face_model(saved):

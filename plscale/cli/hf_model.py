@@ -39,6 +39,12 @@ def read(model: str) -> tuple[ModelConfig, str]:
     return config, f"model: {model}, read from {file}: {', '.join(fields)}"
 
 
+def caveat(config: ModelConfig) -> str:
+    """What the activation model does not model for this shape, for the commands that print activations."""
+    return ("activations: modelled as a Llama block of the same widths; GPT-2's GELU MLP and LayerNorms keep other "
+            "tensors (not measured here)") if config.family == "gpt2" else ""
+
+
 def _config_file(target: str) -> Path:
     path = Path(target).expanduser()
     if path.is_dir():

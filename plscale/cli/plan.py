@@ -49,9 +49,8 @@ def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
         if given:
             raise UserError(f"--model {name} names its own shape: drop --{', --'.join(k.replace('_', '-') for k in given)}.")
         config, read = hf_model.read(name)
-        make_console(stderr=True).print(escape(read) + ("; activations modelled as a Llama block of the same widths "
-                                        "(GPT-2's GELU MLP and LayerNorms keep other tensors)"
-                                        if config.family == "gpt2" else ""), highlight=False, soft_wrap=True)
+        for line in filter(None, (read, hf_model.caveat(config))):
+            make_console(stderr=True).print(escape(line), highlight=False, soft_wrap=True)
         return name, config
     if name is None and not given:
         raise UserError(f"Name a model with --model ({', '.join([*PRESETS, *SHAPES])}) or give its shape with "

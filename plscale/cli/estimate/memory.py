@@ -162,11 +162,8 @@ def memory(
                   f"recompute {recompute}{f' (first {recompute_layers} layers)' if recompute_layers else ''}"
                   f"{f', {attention} attention' if config else ''}")
     console.print(table)
-    if read:
-        console.print(escape(read), highlight=False, soft_wrap=True)
-    if config and config.family == "gpt2":
-        console.print("activations: modelled as a Llama block of the same widths; GPT-2's GELU MLP and LayerNorms "
-                      "keep other tensors (not measured here)", highlight=False)
+    for line in filter(None, (read, config and hf_model.caveat(config))):
+        console.print(escape(line), highlight=False, soft_wrap=True)
     if config and rebuilt_bytes(setup):
         console.print(_activations_note(setup, unit, scale), highlight=False)
     if flops and recompute != "none":
