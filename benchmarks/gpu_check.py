@@ -7,8 +7,8 @@
 
 For each lab (the JAX lab only when jax is installed), the default variant runs through the real
 CLI (`plscale lab run LAB --gpus G --steps N`, NCCL between the GPUs) on 1, 2 and the machine's
-GPU count, each where the lab allows that many ranks; then the MFU target: the zero2 lab on the
-124M preset in bf16 on one GPU. Each run's summary gives the row: tokens/s, MFU against the
+GPU count, each where the lab allows that many ranks; then the MFU target, first: the zero2 lab on the
+124M preset in bf16 on one GPU, and its FSDP2 variant with torch.compile. Each run's summary gives the row: tokens/s, MFU against the
 measured matmul peak and against the datasheet, model states per rank against the ZeRO model,
 resident memory, the collectives' bus bandwidth. The first run that fails stops the check: its
 command, its exit code and the end of its output are printed, and the exit code is 1.
@@ -39,9 +39,13 @@ WANTED = re.compile(r"^(?:[\w+-]+: )?(throughput|MFU|MFU \(datasheet\)|HFU|model
                     r"resident memory per rank \(max\)|memory per rank \(max\)|step time)$|busbw", re.IGNORECASE)
 COLUMNS = ("throughput", "MFU", "MFU (datasheet)", "model states per rank (max)", "resident memory per rank (max)",
            "busbw")
-TARGET = {"lab": "zero", "variant": "zero2", "gpus": 1,
-          "settings": ["model.preset=124m", "model.seq=1024", "ds.precision=bf16", "ds.micro_batch=8"],
-          "why": "MFU target: the 124M preset in bf16 on one GPU, >= 45% of the datasheet peak"}
+SHAPE_124M = ["model.preset=124m", "model.seq=1024", "ds.micro_batch=8"]
+# the MFU target, under DeepSpeed and under PyTorch's own path (FSDP2, each layer compiled); they run first,
+# so that a short lease records them before anything else
+TARGETS = [{"lab": "zero", "variant": "zero2", "gpus": 1, "settings": SHAPE_124M + ["ds.precision=bf16"],
+            "why": "MFU target: the 124M preset in bf16 on one GPU, >= 45% of the datasheet peak"},
+           {"lab": "zero", "variant": "fsdp2-bf16", "gpus": 1, "settings": SHAPE_124M + ["fsdp.compile=true"],
+            "why": "MFU target under FSDP2 with torch.compile: the 124M preset in bf16 on one GPU"}]
 
 
 def gpu_count() -> int:
@@ -83,7 +87,7 @@ def plan(gpus: int, names: list[str] | None, with_jax: bool, steps: int = 20,
                 continue
             runs.append({"lab": lab.id, "variant": lab.default_variant, "gpus": g, "settings": []})
     if not names or "zero" in names:
-        runs.append(dict(TARGET))
+        runs = [dict(t) for t in TARGETS] + runs
     return runs, skipped
 
 
@@ -115,10 +119,12 @@ def shown(f: dict | None) -> str:
 
 
 def table(results: list[dict]) -> str:
-    head = "| lab | variant | GPUs | " + " | ".join(COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (3 + len(COLUMNS))]
+    head = "| lab | variant | GPUs | result | " + " | ".join(COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (4 + len(COLUMNS))]
     for r in results:
-        lines.append(f"| {r['lab']} | {r['variant']} | {r['gpus']} | "
+        result = ("passed" if r["passed"] else "checks failed") if r.get("exit_code", 0) in (0, 1) and r["run_dir"] \
+            else f"failed (exit {r['exit_code']})"
+        lines.append(f"| {r['lab']} | {r['variant']} | {r['gpus']} | {result} | "
                      + " | ".join(shown(r["figures"].get(c)) for c in COLUMNS) + " |")
     return "\n".join(lines) + "\n\n(measured / predicted where the lab predicts it)"
 
@@ -132,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands, run nothing")
     ap.add_argument("--cpu", action="store_true", help="run on CPU ranks over gloo instead (a rehearsal)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a setting for every run")
+    ap.add_argument("--keep-going", action="store_true",
+                    help="after a failed run, go on with the next (its row says failed); the exit code is still 1")
     ap.add_argument("--timeout-s", type=int, default=1800, help="a run still going after this long fails the check")
     args = ap.parse_args(argv)
     for flag, value in (("--gpus", args.gpus), ("--steps", args.steps), ("--timeout-s", args.timeout_s)):
@@ -173,7 +181,7 @@ def main(argv=None) -> int:
     out = args.out or ROOT / "runs" / time.strftime("gpu_check-%Y%m%d-%H%M%S")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PLSCALE_RUNS_DIR": str(out / "runs")}
-    results = []
+    results, failed = [], 0
     for i, r in enumerate(runs, 1):
         argv = command(r, args.steps, args.cpu, args.set)
         print(f"[{i}/{len(runs)}] plscale {' '.join(argv)}", flush=True)
@@ -192,13 +200,24 @@ def main(argv=None) -> int:
         if done.returncode != 0 or summary_file is None:
             print(f"\nFAILED: plscale {' '.join(argv)}\n  exit code {done.returncode}"
                   f"{'' if summary_file else ', no summary.json'}; the end of its output:\n"
-                  + (done.stdout[-4000:] + done.stderr[-4000:]), file=sys.stderr)
-            return 1
-        summary = json.loads(summary_file.read_text())
-        results.append({**r, "run_dir": str(summary_file.parent), "wall_s": round(time.perf_counter() - t0, 1),
+                  + (done.stdout[-4000:] + done.stderr[-4000:]), file=sys.stderr, flush=True)
+            failed += 1
+            if not args.keep_going:
+                return 1
+        summary = json.loads(summary_file.read_text()) if summary_file else {}
+        results.append({**r, "run_dir": str(summary_file.parent) if summary_file else None,
+                        "wall_s": round(time.perf_counter() - t0, 1), "exit_code": done.returncode,
                         "passed": summary.get("passed"), "figures": row_of(summary)})
+        write(out, results, skipped)   # after every run: a machine taken back early keeps what ran
         print(f"    {results[-1]['wall_s']} s; " + "; ".join(f"{k} {shown(v)}" for k, v in results[-1]["figures"].items()
                                                           if k in COLUMNS), flush=True)
+    text = write(out, results, skipped)
+    print("\n" + text + f"\n\nwritten: {out / 'gpu_check.md'}, {out / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+def write(out: Path, results: list[dict], skipped: list[str]) -> str:
+    """The table and the record so far, into OUT; the table's text."""
     text = table(results)
     for r in results:
         if "why" in r and (mfu := r["figures"].get("MFU (datasheet)")):
@@ -206,8 +225,7 @@ def main(argv=None) -> int:
                      + ("met" if mfu["value"] >= 45 else "NOT met"))
     (out / "gpu_check.json").write_text(json.dumps({"skipped": skipped, "results": results}, indent=2))
     (out / "gpu_check.md").write_text(text + "\n")
-    print("\n" + text + f"\n\nwritten: {out / 'gpu_check.md'}, {out / 'gpu_check.json'}")
-    return 0
+    return text
 
 
 if __name__ == "__main__":

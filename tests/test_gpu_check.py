@@ -23,7 +23,9 @@ def check(*args, **kw):
 def test_dry_run_plans_every_lab_on_1_2_and_all_gpus():
     out = check("--dry-run", "--gpus", "8")
     assert out.returncode == 0, out.stderr
-    runs = re.findall(r"plscale lab run (\S+) --variant (\S+) --gpus (\d+)", out.stdout)
+    lines = [line for line in out.stdout.splitlines() if "plscale lab run" in line]
+    targets = [line for line in lines if "# MFU target" in line]
+    runs = re.findall(r"plscale lab run (\S+) --variant (\S+) --gpus (\d+)", "\n".join(set(lines) - set(targets)))
     for lab in all_labs():
         counts = {int(g) for name, _, g in runs if name == lab.id}
         fixed = lab.variants[lab.default_variant].ranks
@@ -40,9 +42,10 @@ def test_dry_run_plans_every_lab_on_1_2_and_all_gpus():
     assert "pipeline on 1 GPU: parallel.pp=2 on 1 rank" in out.stdout
     # a lab that cannot take all 8 runs on the most it can
     assert ("recompute", "strategies", "4") in runs and ("debug", "healthy", "4") in runs
-    # the MFU target: the 124M preset in bf16 on one GPU
-    assert re.search(r"lab run zero --variant zero2 --gpus 1 .*model.preset=124m.*ds.precision=bf16.*# MFU target",
-                     out.stdout)
+    # the MFU targets, first: the 124M preset in bf16 on one GPU, under DeepSpeed and under FSDP2 compiled
+    assert lines[:2] == targets
+    assert re.search(r"lab run zero --variant zero2 --gpus 1 .*model.preset=124m.*ds.precision=bf16", targets[0])
+    assert re.search(r"lab run zero --variant fsdp2-bf16 --gpus 1 .*model.preset=124m.*fsdp.compile=true", targets[1])
 
 
 def test_no_gpu_is_one_line_and_exit_2():
@@ -91,3 +94,13 @@ def test_the_first_failing_run_stops_the_check(tmp_path):
     assert out.returncode == 1
     assert "FAILED: plscale lab run zero --variant zero2 --gpus 1" in out.stderr and "exit code 1" in out.stderr
     assert not (tmp_path / "gpu_check.json").exists()
+
+
+def test_keep_going_records_the_failed_run_and_still_exits_1(tmp_path):
+    # the same failing run, then the check goes on: the table is written after every run, the failure in its row
+    out = check("--cpu", "--gpus", "1", "--labs", "zero", "--steps", "1", "--keep-going", "--set", "model.preset=tiny",
+                "--set", "model.seq=64", "--set", "data.val_blocks=8", "--out", str(tmp_path))
+    assert out.returncode == 1 and "FAILED: plscale lab run zero --variant zero2 --gpus 1" in out.stderr
+    [row] = json.loads((tmp_path / "gpu_check.json").read_text())["results"]
+    assert row["exit_code"] == 1 and row["passed"] is False and row["figures"]["throughput"]["value"] > 0
+    assert "| zero | zero2 | 1 | checks failed |" in (tmp_path / "gpu_check.md").read_text()
