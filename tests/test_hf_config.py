@@ -4,14 +4,17 @@ the parameter count equals transformers' own model built from the same config, f
 refused in one line. Tiny configs are written here with save_pretrained: nothing downloads."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import transformers
 
 from conftest import run_cli
 from plscale.predict.hf_config import from_hf
-from plscale.predict.presets import param_count
+from plscale.predict import tensors
+from plscale.predict.presets import param_count, preset
 from plscale.predict.tensor_parallel import params_per_rank
+from plscale.rank.models.llama import Llama
 
 LLAMA = dict(vocab_size=1000, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128)
@@ -45,6 +48,23 @@ def test_the_parameter_count_is_the_hugging_face_models(saved, name):
     assert any(line.startswith("model_type") for line in read)
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_tensor_in_transformers_order(saved, name):
+    # ZeRO-1/2's partitions, FSDP2's groups and a checkpoint's records follow these: dim 0 and the rest of each
+    # parameter, in model.parameters() order (a tied head once, at the embedding)
+    model = transformers.AutoModelForCausalLM.from_config(CONFIGS[name])
+    shape, _ = from_hf(json.loads((saved / name / "config.json").read_text()))
+    built = [(p.shape[0], p[0].numel() if p.dim() > 1 else 1) for p in model.parameters()]
+    assert tensors.parameters(shape) == built
+
+
+def test_every_tensor_of_plscales_llama_in_its_order():
+    for name in ("tiny", "small"):
+        for config in (preset(name), replace(preset(name), tie_embeddings=False)):
+            built = [(p.shape[0], p[0].numel() if p.dim() > 1 else 1) for p in Llama(config).parameters()]
+            assert tensors.parameters(config) == built
+
+
 def test_estimate_memory_and_checkpoint_read_the_config_and_say_what_they_read(saved):
     out = run_cli("estimate", "memory", "--model", f"hf:{saved / 'qwen2'}", "--gpus", "2", "--stage", "3", "--seq", "64")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -53,7 +73,10 @@ def test_estimate_memory_and_checkpoint_read_the_config_and_say_what_they_read(s
     as_json = run_cli("estimate", "memory", "--model", f"hf:{saved / 'qwen2' / 'config.json'}", "--gpus", "2",
                       "--stage", "3", "--seq", "64", "--precision", "fp32", "--json")
     terms = json.loads(as_json.stdout)["terms"]
-    assert terms["parameters"]["device"] == 4 * model.num_parameters() / 2  # fp32, ZeRO-3 over 2 ranks
+    # fp32, ZeRO-3 over 2 ranks: a half of every tensor, and the tensors of at most 1e4 elements whole beside it
+    # (stage3_param_persistence_threshold in plscale's configs), read off transformers' model
+    persistent = sum(p.numel() for p in model.parameters() if p.numel() <= 10_000)
+    assert terms["parameters"]["device"] == 4 * model.num_parameters() / 2 + 4 * persistent
     gpt2 = run_cli("estimate", "checkpoint", "--model", f"hf:{saved / 'gpt2'}")
     assert gpt2.returncode == 0 and "model_type = gpt2" in gpt2.stdout, gpt2.stdout + gpt2.stderr
     gpt2 = run_cli("estimate", "memory", "--model", f"hf:{saved / 'gpt2'}", "--gpus", "2", "--seq", "64")
@@ -94,3 +117,16 @@ def test_a_missing_config_or_an_offline_hub_name_fails_in_one_line(tmp_path, qui
     assert out.returncode == 2 and "the Hugging Face hub is offline" in out.stderr, out.stderr
     out = quick_cli("estimate", "memory", "--model", f"hf:{tmp_path / 'llama'}", "--vocab", "100")
     assert out.returncode == 2 and "a Hugging Face config names its own: drop --vocab" in out.stderr
+
+
+def test_plan_prints_the_lab_command_for_its_best_layout_and_the_lab_takes_it(saved, quick_cli):
+    out = run_cli("plan", "--model", f"hf:{saved / 'llama'}", "--gpus", "2", "--gpu", "H100", "--seq", "64",
+                  "--global-batch", "16")
+    assert out.returncode == 0, out.stdout + out.stderr
+    [command] = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("plscale lab run zero")]
+    assert f"--set model.hf={saved / 'llama'}" in command and "--gpus 2" in command
+    assert "plscale slurm submit zero" in out.stdout and "plscale runpod run zero" in out.stdout
+    # the command as printed, with the run's data on CPU ranks and --dry-run: the lab's host-side checks pass
+    argv = command.split()[1:] + ["--cpu", "--dry-run"]
+    dry = quick_cli(*argv)
+    assert dry.returncode == 0, dry.stdout + dry.stderr

@@ -21,6 +21,10 @@ from dataclasses import asdict, dataclass, fields
 from plscale.dsconfig import valid
 from plscale.errors import UserError, did_you_mean
 
+# ZeRO-3 keeps tensors of at most this many elements whole on every rank (DeepSpeed's default is 1e5: a small
+# model's projections too); plscale's configs keep only the small ones, so a small lab model is still sharded
+PERSISTENCE_THRESHOLD = 10_000
+
 OPTIMIZERS = ("AdamW", "Adam")  # others: pass a client optimizer to deepspeed.initialize
 SCHEDULERS = (None, "WarmupLR", "WarmupCosineLR")
 
@@ -169,7 +173,7 @@ def _zero(spec: DSSpec) -> dict:
                      "overlap_comm": spec.overlap_comm, "contiguous_gradients": spec.contiguous_gradients})
     if spec.stage == 3:
         zero.update({"stage3_prefetch_bucket_size": spec.bucket_size,
-                     "stage3_param_persistence_threshold": 10_000})
+                     "stage3_param_persistence_threshold": PERSISTENCE_THRESHOLD})
         zero.pop("allgather_bucket_size")
     if spec.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}

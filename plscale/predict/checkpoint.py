@@ -50,6 +50,7 @@ file. fp16 is taken to follow bf16 without the prefix (not measured: CPUs lack f
 import math
 from dataclasses import dataclass
 
+from plscale.predict import tensors
 from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig, param_count
 from plscale.predict.units import BYTES
@@ -137,10 +138,8 @@ class CheckpointBytes:
 
 
 def tensor_sizes(c: ModelConfig) -> list[int]:
-    """Elements of each parameter tensor of plscale's Llama (one entry per tensor; a tied head is none)."""
-    d, kv, f = c.hidden, c.kv_dim, c.ffn
-    layer = [d * d, d * kv, d * kv, d * d, d * f, d * f, f * d, d, d]
-    return [c.vocab * d] + layer * c.layers + [d] + ([] if c.tie_embeddings else [c.vocab * d])
+    """Elements of each parameter tensor (one entry per tensor; a tied head is none)."""
+    return tensors.sizes(c)
 
 
 def checkpoint_bytes(params: int, stage: int = 0, ranks: int = 1, precision: str = "bf16",

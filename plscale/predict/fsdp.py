@@ -1,7 +1,7 @@
 """FSDP2 on paper: what each rank holds and what one step sends (plscale.strategies.fsdp).
 
 Host-side and pure. Groups: every decoder layer one, the root the rest (the embedding and its
-tied head, the final norm). N = the shard group's ranks (HSDP: a 2D mesh of R replicas x N).
+tied head, the final norm; a Hugging Face model's as predict.tensors lists them). N = the shard group's ranks (HSDP: a 2D mesh of R replicas x N).
 
 Memory (torch.distributed.fsdp, fully_shard's docstring and _fsdp_param.py, torch 2.13). Each
 tensor is split on dim 0 into N chunks of k = ceil(rows / N) rows, padded: a rank holds
@@ -30,6 +30,7 @@ cols (its padded whole):
     all_reduce backward      G m calls   HSDP only: each shard (B_g / N) across the R replicas
 """
 
+from plscale.predict import tensors
 from plscale.predict.errors import PredictionError
 from plscale.predict.presets import ModelConfig
 from plscale.predict.tensor_parallel import check_divisible
@@ -40,6 +41,11 @@ def shapes(c: ModelConfig, tp: int = 1, pp: int = 1, stage: int = 0) -> list[lis
     """(rows, cols) of each parameter a rank of pipeline stage `stage` holds before FSDP2 splits
     it (a tp rank's slice), group by group: the stage's layers', then its root's (the first
     stage's embedding; the last stage's norm and head, a copy of the tied embedding when pp > 1)."""
+    if tp == 1 and pp == 1:   # any model: each layer's tensors, then the root's (predict.tensors)
+        return [tensors.layer(c)] * c.layers + [tensors.embeddings(c) + tensors.final(c)]
+    if c.origin != "plscale":
+        raise PredictionError("tp", tp, f" x pp {pp}: FSDP2 composed with tensor and pipeline parallelism is modelled "
+                              f"for plscale's Llama only (lab 11), not a Hugging Face model's modules.")
     d, kv, f, t = c.hidden, c.kv_dim, c.ffn, tp
     layer = [(d, 1), (d // t, d), (kv // t, d), (kv // t, d), (d, d // t), (d, 1), (f // t, d), (f // t, d),
              (d, f // t)]

@@ -63,7 +63,7 @@ def _llama(raw: dict, kind: str, source: str) -> tuple[ModelConfig, list[str]]:
                          rope_theta=float(raw.get("rope_theta") or 10_000.0),
                          norm_eps=float(raw.get("rms_norm_eps") or 1e-5),
                          qkv_bias=kind == "qwen2" or attention_bias, o_bias=attention_bias,
-                         mlp_bias=bool(raw.get("mlp_bias")))
+                         mlp_bias=bool(raw.get("mlp_bias")), origin="hf")
     read = [f"model_type = {kind}", f"hidden_size = {hidden}", f"num_hidden_layers = {layers}",
             f"num_attention_heads = {heads}", f"num_key_value_heads = {kv_heads}", f"intermediate_size = {ffn}",
             f"vocab_size = {vocab}", f"tie_word_embeddings = {config.tie_embeddings}",
@@ -82,8 +82,21 @@ def _gpt2(raw: dict, source: str) -> tuple[ModelConfig, list[str]]:
         raise _refuse(source, f"has n_embd {hidden} over n_head {heads}, which does not divide it")
     config = ModelConfig(vocab=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=heads, ffn=ffn,
                          max_seq=positions, tie_embeddings=bool(raw.get("tie_word_embeddings", True)),
-                         norm_eps=float(raw.get("layer_norm_epsilon") or 1e-5), family="gpt2")
+                         norm_eps=float(raw.get("layer_norm_epsilon") or 1e-5), family="gpt2",
+                         origin="hf")
     read = ["model_type = gpt2", f"n_embd = {hidden}", f"n_layer = {layers}", f"n_head = {heads}",
             f"n_inner = {ffn}", f"vocab_size = {vocab}", f"n_positions = {positions}",
             f"tie_word_embeddings = {config.tie_embeddings}"]
     return config, read
+
+
+def end_of_text(raw: dict, token_id) -> int | None:
+    """The id a lab puts between paragraphs: config.json's eos_token_id (the first, if a list), else
+    the tokenizer's own end-of-text token (`token_id`: name -> id or None); None if neither names one."""
+    eos = raw.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is None:
+        eos = next((token_id(t) for t in ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+                    if token_id(t) is not None), None)
+    return eos

@@ -51,6 +51,13 @@ micro-batches accumulate:
     its gradients exactly. ZeRO-2 offload's accumulation on the host (rule 3) is the same whole
     tensors: one buffer per tensor of the partition (accumulated_grads_in_cpu).
 
+ 6. ZeRO-3 keeps every tensor of at most `stage3_param_persistence_threshold` elements
+    (DeepSpeed's default 1e5; plscale's configs and Setup's default 1e4) whole on every rank,
+    beside its partition: the norms, and a small model's projections (parameter_offload.py,
+    mark_persistent_parameters: `ds_numel <= threshold`). The planner sets 0 (FSDP, Megatron).
+    Given the shape (tp = pp = 1), the parameters term adds pΨ_persist, the sum of those
+    tensors' elements; with parameter offload they stay on the device.
+
 `accounting="deepspeed"` reproduces DeepSpeed's estimate_zero2/3_model_states_mem_needs
 instead (device memory, mixed precision, stages 2 and 3, no accumulation): an fp32 gradient
 partition for the step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at stage 3 the
@@ -109,8 +116,11 @@ def setup_from_ds_config(ds_config: dict, world_size: int, model: ModelConfig, s
         accum = total // (micro * world_size) if total and micro else 1
     if micro is None:
         micro = total // (accum * world_size)
+    zero = ds_config.get("zero_optimization") or {}
+    persist = {"persistence_threshold": int(zero.get("stage3_param_persistence_threshold", 100_000))} \
+        if zero.get("stage") == 3 else {}   # rule 6, ZeRO-3's alone; 1e5 is DeepSpeed's default
     return Setup(params=param_count(model), dp=world_size, model=model, seq=seq, micro_batch=micro,
-                 grad_accum=accum, largest_layer=largest_layer_params(model), **zero_settings(ds_config))
+                 grad_accum=accum, largest_layer=largest_layer_params(model), **persist, **zero_settings(ds_config))
 
 
 @dataclass
@@ -183,7 +193,7 @@ def _paper_terms(s: Setup, psi: float) -> list[Term]:
     master = 0 if (s.precision == "fp32" and s.stage == 0) else 4                      # rule 1
     shard = lambda stage: (n, "/N") if s.stage >= stage else (1, "")
     (np_, fp), (no, fo) = shard(3), shard(1)
-    terms = [Term("parameters", p * psi / np_, 0, f"{p}Ψ{fp}"),
+    terms = [_parameters(s, psi, p, np_, fp),
              _gradients(s, psi),
              Term("master", master * psi / no, 0, f"{master}Ψ{fo}" if master else "0 (steps the weights)"),
              Term("moments", 8 * psi / no, 0, f"8Ψ{fo}")]
@@ -191,8 +201,26 @@ def _paper_terms(s: Setup, psi: float) -> list[Term]:
         for t in terms[2:]:
             t.device, t.host, t.formula = 0.0, t.device, t.formula + " on host"
     if s.offload_param:                                                                # rule 4
-        terms[0].device, terms[0].host, terms[0].formula = 0.0, terms[0].device, terms[0].formula + " on host"
+        kept = _persistent(s)
+        terms[0].device, terms[0].host = p * kept, terms[0].device - p * kept
+        terms[0].formula = f"{p}Ψ/N on host" + (f" + {p}Ψ_persist ({kept:,} elements)" if kept else "")
     return terms
+
+
+def _parameters(s: Setup, psi: float, p: int, n: int, shown: str) -> Term:
+    """The weights: pΨ, or pΨ/N at stage 3 plus the tensors it keeps whole (rule 6)."""
+    kept = _persistent(s)
+    if kept:
+        return Term("parameters", p * psi / n + p * kept, 0, f"{p}Ψ/N + {p}Ψ_persist ({kept:,} elements)")
+    return Term("parameters", p * psi / n, 0, f"{p}Ψ{shown}")
+
+
+def _persistent(s: Setup) -> int:
+    """Rule 6: elements of the tensors ZeRO-3 keeps whole on every rank; 0 without the layout."""
+    if s.stage != 3 or s.model is None or s.tp != 1 or s.pp != 1 or s.dp < 2:
+        return 0
+    sizes = tensor_sizes(s.model)
+    return sum(n for n in sizes if n <= s.persistence_threshold) if sum(sizes) == s.params else 0
 
 
 def _gradients(s: Setup, psi: float) -> Term:

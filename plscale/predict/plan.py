@@ -202,7 +202,7 @@ def memory_setup(job: Job, c: Candidate, stage_layers: int) -> Setup:
     model = job.model if stage_layers * c.pp == job.model.layers else replace(job.model, layers=stage_layers * c.pp)
     return Setup(params=param_count(model), stage=c.zero, dp=c.dp * c.cp, precision=job.precision, tp=c.tp,
                  pp=c.pp, sp=c.sp, model=model, seq=job.seq, micro_batch=c.micro_batch, grad_accum=c.micro_batches,
-                 recompute=c.recompute, cp=c.cp)
+                 recompute=c.recompute, cp=c.cp, persistence_threshold=0)   # FSDP and Megatron shard every tensor
 
 
 def zero_stages(dp: int, cp: int, pp: int) -> tuple[int, ...]:

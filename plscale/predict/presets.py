@@ -41,6 +41,7 @@ class ModelConfig:
     qkv_bias: bool = False    # biases on q, k and v (Qwen2; Llama's attention_bias also on o)
     o_bias: bool = False
     mlp_bias: bool = False
+    origin: str = "plscale"   # whose modules hold the tensors, and so their order: "plscale" or "hf" (predict.tensors)
 
     @property
     def head_dim(self) -> int:

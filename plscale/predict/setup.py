@@ -21,6 +21,7 @@ The attention core (CORES): fused (PyTorch's flash kernel, scaled_dot_product_at
 
 from dataclasses import dataclass
 
+from plscale.dsconfig.spec import PERSISTENCE_THRESHOLD
 from plscale.dsconfig.valid import require as require_valid_zero
 from plscale.errors import did_you_mean
 from plscale.predict.errors import PredictionError
@@ -103,6 +104,9 @@ class Setup:
     largest_layer: int = 0            # parameters of the largest module (deepspeed accounting, stage 3)
     accounting: str = "paper"         # "paper" or "deepspeed"
     cp: int = 1                       # context-parallel ranks per sequence: activations of seq / cp tokens
+    persistence_threshold: int = PERSISTENCE_THRESHOLD   # ZeRO-3 keeps tensors of at most this many elements
+                                      # whole (stage3_param_persistence_threshold: plscale's configs 1e4, DeepSpeed's
+                                      # default 1e5; memory.py's rule 6)
     reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
                                       # memory.py's rule 2); False: after it, from whole gradients (plscale's
                                       # hand-written ZeRO-1, strategies/hybrid/zero1.py)

@@ -26,22 +26,22 @@ in full by both ranks. Not modelled: round_robin_gradients (reorders the tensors
 flattening; off by default), parameter_alignment, and peaks inside a backward (the bucket; the
 next micro-batch's grads_in_partition before it is added to the first).
 
-Pure: the tensor sizes come from the shape (plscale.predict.presets), in the order of
-plscale.rank.models.llama (a test checks them against the built model).
+Pure: the tensor sizes come from the shape, in the order of the model's modules
+(plscale.predict.tensors; a test checks them against the built models).
 """
 
+from plscale.predict import tensors
 from plscale.predict.presets import ModelConfig
 
 NCCL_START_ALIGNMENT_FACTOR = 2  # DeepSpeedZeroOptimizer.nccl_start_alignment_factor (elements)
 
 
 def tensor_sizes(c: ModelConfig) -> list[int]:
-    """Elements of each parameter in model.parameters() order of plscale's Llama: the embedding;
-    per layer the input norm, q, k, v, o, the post-attention norm, gate, up, down; the final
-    norm; the output head unless it is the embedding's (tied: counted once, at the embedding)."""
-    d, kv, f = c.hidden, c.kv_dim, c.ffn
-    layer = [d, d * d, d * kv, d * kv, d * d, d, d * f, d * f, f * d]
-    return [c.vocab * d, *layer * c.layers, d, *([] if c.tie_embeddings else [c.vocab * d])]
+    """Elements of each parameter in model.parameters() order (plscale.predict.tensors): for
+    plscale's Llama the embedding; per layer the input norm, q, k, v, o, the post-attention norm,
+    gate, up, down; the final norm; the output head unless it is the embedding's (tied: counted
+    once, at the embedding). A Hugging Face model's come in transformers' order."""
+    return tensors.sizes(c)
 
 
 def partition_size(total: int, n: int, alignment_factor: int = NCCL_START_ALIGNMENT_FACTOR) -> int:

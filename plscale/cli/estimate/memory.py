@@ -13,6 +13,7 @@ from plscale.cli import hf_model
 from plscale.cli.flags import speaks_flags
 from plscale.cli.hf_model import is_hf
 from plscale.cli.output import console
+from plscale.dsconfig.spec import PERSISTENCE_THRESHOLD
 from plscale.errors import UserError
 from plscale.predict import recompute as rc
 from plscale.predict.activations import activation_bytes, rebuilt_bytes
@@ -58,6 +59,9 @@ def memory(
     budget: float = typer.Option(None, help="GiB per device; exit 2 when the estimate does not fit."),
     accounting: str = typer.Option("paper", help="paper: the ZeRO paper's model states; deepspeed: "
                                                  "DeepSpeed's estimate_zero2/3_model_states_mem_needs."),
+    persistence_threshold: int = typer.Option(PERSISTENCE_THRESHOLD, help="ZeRO-3 keeps tensors of at most this "
+                                              "many elements whole on every rank (stage3_param_persistence_threshold: "
+                                              "plscale's configs 10000, DeepSpeed's default 100000)."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON: setup, bytes per term "
                                                        "(device, host), totals."),
 ) -> None:
@@ -134,7 +138,7 @@ def memory(
     setup = Setup(params=params, stage=stage, dp=dp * cp, precision=precision, offload_optimizer=offload_optimizer,
                   offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
                   grad_accum=grad_accum, recompute=recompute, recompute_layers=recompute_layers,
-                  largest_layer=largest, accounting=accounting, cp=cp)
+                  largest_layer=largest, accounting=accounting, cp=cp, persistence_threshold=persistence_threshold)
     result = estimate(setup)
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
