@@ -3,15 +3,19 @@
 import os
 import shutil
 
+from plscale.cli.hf_model import check_training
 from plscale.errors import UserError
 from plscale.predict.presets import preset
 
 
 def check(settings: dict, topology) -> None:
-    config = preset(settings["model"]["preset"])  # an unknown preset names the nearest
-    seq = settings["model"]["seq"]
-    if not 8 <= seq <= config.max_seq:
-        raise UserError(f"model.seq {seq}: use 8 to {config.max_seq} for preset {settings['model']['preset']!r}.")
+    if settings["model"]["hf"]:   # a Hugging Face model's folder: its config, tokenizer, and that it fits
+        check_training(settings, topology)
+    else:
+        config = preset(settings["model"]["preset"])  # an unknown preset names the nearest
+        seq = settings["model"]["seq"]
+        if not 8 <= seq <= config.max_seq:
+            raise UserError(f"model.seq {seq}: use 8 to {config.max_seq} for preset {settings['model']['preset']!r}.")
     if settings["train"]["steps"] < 1:
         raise UserError(f"train.steps {settings['train']['steps']}: use 1 or more.")
     if settings["memory"]["census_step"] < 0:

@@ -1,4 +1,4 @@
-"""Lab 04, PyTorch's way: the same Llama, weights and batches sharded by FSDP2 (`fully_shard`).
+"""Lab 04, PyTorch's way: the same model, weights and batches sharded by FSDP2 (`fully_shard`).
 
 ZeRO-3 by another hand. Each decoder layer is one FSDP2 group, the embedding, tied head and norm
 the root's; every rank keeps a 1/N slice of each tensor (a DTensor sharded on dim 0), gathers a
@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from plscale.predict import fsdp as predict
 from plscale.predict.memory import MODEL_STATES
-from plscale.predict.presets import param_count, preset
+from plscale.predict.presets import param_count
 from plscale.predict.units import MiB
 from plscale.rank import runtime
 from plscale.rank.against_dense import follows, largest_gap, reference_losses, step_by_step
@@ -33,7 +33,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.dispatched import counting
 from plscale.rank.distributed import gathered
 from plscale.rank.metrics import figure
-from plscale.rank.models.llama import Llama
+from plscale.rank.models import chosen
 from plscale.rank.optim import optimizer
 from plscale.rank.tally import Tally
 from plscale.rank.utilization import Utilization
@@ -48,7 +48,7 @@ tokens_per_step, clip = micro * accum * N * seq, ds.get("gradient_clipping", 0)
 
 # ---- Data: WikiText-2 as lab 04's ZeRO runs read it: the same blocks, the same shards ---------
 corpus = wikitext.load_text()
-tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
+tokens, config, make, about = chosen.model(S, corpus)   # plscale's Llama, or model.hf: a Hugging Face model
 train_blocks = wikitext.pack(tokens.train, seq)
 shards = [wikitext.Shards(train_blocks, micro, accum, r, N, seed) for r in range(N)]  # every rank's, for the parity
 ctx.log(f"data: {corpus.source}\n      {len(train_blocks):,} blocks of {seq} tokens; tokenizer: {tokens.tokenizer}")
@@ -56,17 +56,15 @@ ctx.log(f"data: {corpus.source}\n      {len(train_blocks):,} blocks of {seq} tok
 # ---- The mesh, and the model built on the meta device, then filled shard by shard --------------
 mesh = init_device_mesh(dev.type, (R, N // R), mesh_dim_names=("replicate", "shard")) if R > 1 \
     else init_device_mesh(dev.type, (N,), mesh_dim_names=("shard",))
-config = preset(S["model"]["preset"]).with_vocab(tokens.vocab)
-torch.manual_seed(seed)
-eager = Llama(config)   # the weights lab 04's ZeRO runs start from (same seed); rank 0's are broadcast
-model = fully_shard.on_meta(config, mesh, reshard, mixed=precision == "bf16", device=dev, compile=S["fsdp"]["compile"])
-fully_shard.load_full(model, eager.state_dict())
+eager = make()   # the weights lab 04's ZeRO runs start from (same seed); rank 0's are broadcast
+model = fully_shard.on_meta(make, mesh, reshard, mixed=precision == "bf16", device=dev, compile=S["fsdp"]["compile"])
+fully_shard.load_full(model, eager.state_dict(), dict(eager.named_buffers()))
 same = all(torch.equal(p.full_tensor().cpu(), eager.state_dict()[name]) for name, p in model.state_dict().items())
 ctx.check("the model built on meta and filled from rank 0 equals the eager model", all(gathered(same)),
           "every parameter, gathered whole, bit for bit on every rank")
 psi, held = param_count(config), census.states(model)["parameters"]
 compiled = ", each layer torch.compile'd (the first step compiles)" if S["fsdp"]["compile"] else ""
-ctx.log(f"model: Llama-shaped {S['model']['preset']!r}, Ψ = {psi:,} parameters ({4 * psi / MiB:.2f} MiB fp32); "
+ctx.log(f"model: {about}, Ψ = {psi:,} parameters ({4 * psi / MiB:.2f} MiB fp32); "
         f"mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, {config.layers + 1} FSDP2 groups, reshard after forward "
         f"{reshard}, {'bf16 compute, fp32 reduction' if precision == 'bf16' else 'fp32'}"
         f"{compiled}\n"
@@ -127,7 +125,7 @@ if ctx.is_main:
 # ---- Parity: the loss, step by step, against the dense model on every rank's batches -----------
 parity = min(S["fsdp"]["parity_steps"], steps)
 if ctx.is_main:
-    reference = Llama(config).to(dev)
+    reference = make().to(dev)
     reference.load_state_dict(eager.state_dict())
     batches = lambda step: [(b[:, :-1].to(dev), b[:, 1:].to(dev)) for s in shards for b in s.step(step)]
     dense = reference_losses(reference, ds, batches, parity, clip=True)
@@ -147,6 +145,7 @@ if ctx.is_main:
                 *util.figures(timed)]
     ctx.log("\nbeside it: plscale lab run zero3 with the same --gpus and --set: the same weights and batches")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
-           preset=S["model"]["preset"], model=config.to_dict(), seq=seq, micro_batch=micro, grad_accum=accum,
+           preset=S["model"]["preset"], hf=S["model"]["hf"], model=config.to_dict(), seq=seq, micro_batch=micro,
+           grad_accum=accum,
            engine="fsdp2", reshard=reshard, replicate=R, precision=precision, losses=losses,
            memory=by_term if ctx.is_main else {}, tokens_per_step=tokens_per_step)

@@ -1,6 +1,7 @@
 """Lab 04: ZeRO stages 0-3 (and offload) on WikiText-2, memory per rank against the model.
 
-A Llama-shaped model trains on WikiText-2 with DeepSpeed. Once, in the middle of a step
+A Llama-shaped model (or your own: --set model.hf=FOLDER, a Hugging Face causal LM) trains on
+WikiText-2 with DeepSpeed. Once, in the middle of a step
 (after a micro-batch's backward, while gradients accumulate), every rank counts its live
 tensors by role: parameters, gradients, the optimizer's fp32 master copy, Adam's moments,
 and the rest. The table puts that beside the ZeRO paper's prediction for this stage:
@@ -24,7 +25,6 @@ import torch.distributed as dist
 
 from plscale.predict import memory
 from plscale.predict.memory import LABELS, MODEL_STATES
-from plscale.predict.presets import preset
 from plscale.predict.units import MiB
 from plscale.rank import comms, runtime
 from plscale.rank.against_prediction import largest_error, memory_table, mib_figure, per_rank, within
@@ -33,7 +33,7 @@ from plscale.rank.census import census, saved_activations, zero_states
 from plscale.rank.data import wikitext
 from plscale.rank.memory import per_rank_mib
 from plscale.rank.metrics import figure
-from plscale.rank.models.llama import Llama
+from plscale.rank.models import chosen
 from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
@@ -44,23 +44,23 @@ tokens_per_step = micro * accum * N * seq
 
 # ---- Data: WikiText-2, tokenized, packed into blocks; each rank reads its shard ----------
 corpus = wikitext.load_text()
-tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)  # a local BPE of the preset's size
+tokens, config, make, about = chosen.model(S, corpus)   # plscale's Llama, or model.hf: a Hugging Face model
 train_blocks, val_blocks = wikitext.pack(tokens.train, seq), wikitext.pack(tokens.valid, seq)
 shards = wikitext.Shards(train_blocks, micro, accum, ctx.rank, N, S["seed"])
 ctx.log(f"data: {corpus.source}\n      {len(tokens.train):,} training tokens in {len(train_blocks):,} blocks "
         f"of {seq}; tokenizer: {tokens.tokenizer}")
 
 # ---- Model, and what the memory model predicts it needs per rank ----------------------
-config = preset(S["model"]["preset"]).with_vocab(tokens.vocab)
-torch.manual_seed(S["seed"])
-model = Llama(config)
+model = make()
 # The same question `plscale estimate memory` answers, read from this run's DeepSpeed config.
 setup = memory.setup_from_ds_config(ds, N, config, seq)
 prediction = memory.estimate(setup)
 predicted = {t.name: t.total for t in prediction.terms} | {"model_states": prediction.model_states}
+if S["model"]["hf"]:   # the activation count is plscale's Llama's; another model's modules keep their own
+    del predicted["activations"]
 psi, stage = setup.params, setup.stage
 assert psi == sum(p.numel() for p in model.parameters())
-ctx.log(f"model: Llama-shaped '{S['model']['preset']}', Ψ = {psi:,} parameters ({psi * 4 / MiB:.1f} MiB in fp32); "
+ctx.log(f"model: {about}, Ψ = {psi:,} parameters ({psi * 4 / MiB:.1f} MiB in fp32); "
         f"ZeRO-{stage}{' + optimizer offload' if setup.offload_optimizer else ''}"
         f"{' + parameter offload' if setup.offload_param else ''} on {N} ranks, {setup.precision}")
 
@@ -150,7 +150,8 @@ if ctx.is_main:
                 figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU"),
                 *util.figures(timed)]
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
-           preset=S["model"]["preset"], model=config.to_dict(), seq=seq, micro_batch=micro, grad_accum=accum,
+           preset=S["model"]["preset"], hf=S["model"]["hf"], model=config.to_dict(), seq=seq, micro_batch=micro,
+           grad_accum=accum,
            stage=stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
            precision=setup.precision, memory=by_term, census_step=census_step,
            comms_per_step={op: asdict(t) for op, t in comm_per_step.items()},

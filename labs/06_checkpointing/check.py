@@ -3,15 +3,19 @@
 from pathlib import Path
 
 from plscale.ckpt import STRATEGIES, store
+from plscale.cli.hf_model import check_training
 from plscale.errors import UserError, did_you_mean
 from plscale.predict.presets import preset
 
 
 def check(settings: dict, topology) -> None:
-    config = preset(settings["model"]["preset"])
     steps, C, F = settings["train"]["steps"], settings["ckpt"], settings["fault"]
-    if not 8 <= settings["model"]["seq"] <= config.max_seq:
-        raise UserError(f"model.seq {settings['model']['seq']}: use 8 to {config.max_seq}.")
+    if settings["model"]["hf"]:   # a Hugging Face model's folder: its config, tokenizer, and that it fits
+        config = check_training(settings, topology)
+    else:
+        config = preset(settings["model"]["preset"])
+        if not 8 <= settings["model"]["seq"] <= config.max_seq:
+            raise UserError(f"model.seq {settings['model']['seq']}: use 8 to {config.max_seq}.")
     if not 0 <= settings["model"]["dropout"] < 1:
         raise UserError(f"model.dropout {settings['model']['dropout']}: use 0 (none) to below 1, e.g. 0.1.")
     if steps < 1:
@@ -68,7 +72,7 @@ def _check_resume(root: Path, config, settings: dict, world: int, key: str = "ck
                         f"engine is {settings['engine']}: add --set engine={engine}.")
     if (model.get("hidden"), model.get("layers")) != (config.hidden, config.layers):
         raise UserError(f"{root} holds a checkpoint of another model (hidden {model.get('hidden')}, "
-                        f"{model.get('layers')} layers; this run: preset {settings['model']['preset']!r}, hidden "
+                        f"{model.get('layers')} layers; this run: {settings['model']['hf'] or settings['model']['preset']!r}, hidden "
                         f"{config.hidden}, {config.layers} layers): resume with the model it was saved from.")
     if engine == "fsdp2":   # DCP: any world size, no stages
         return

@@ -1,6 +1,6 @@
 """Lab 06: checkpoints and fault tolerance, measured; kill a rank and resume bit-exactly.
 
-The ZeRO lab's Llama-shaped model trains on WikiText-2 with DeepSpeed (dropout on, so
+The ZeRO lab's Llama-shaped model (or model.hf's) trains on WikiText-2 with DeepSpeed (dropout on, so
 every random stream matters) and checkpoints with one of four strategies. Each
 checkpoint's cost is measured: how long training stalls, how long until it is durable,
 how many bytes it writes. Every checkpoint is sealed with a manifest of checksums and
@@ -19,7 +19,6 @@ import json
 import math
 import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import deepspeed
@@ -30,14 +29,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from plscale.ckpt import store
 from plscale.charts.plots import interval_chart
 from plscale.predict import checkpoint as predict
-from plscale.predict.presets import preset
 from plscale.predict.units import MiB
 from plscale.rank import distributed, runtime
 from plscale.strategies.checkpoint import fault
 from plscale.strategies.checkpoint import dcp, sealed, strategies
 from plscale.rank.data import wikitext
 from plscale.rank.metrics import figure
-from plscale.rank.models.llama import Llama
+from plscale.rank.models import chosen
 from plscale.rank.utilization import Utilization
 from plscale.lab.rundir import node_scratch
 
@@ -51,22 +49,21 @@ attempt = distributed.restart_count()
 
 # ---- Data and model, as in the ZeRO lab; the batch of step t depends on (seed, t) only -----
 corpus = wikitext.load_text()
-tokens = wikitext.tokenize(corpus, preset(S["model"]["preset"]).vocab)
+tokens, config, make, about = chosen.model(S, corpus)   # plscale's Llama, or model.hf: a Hugging Face model
 shards = wikitext.Shards(wikitext.pack(tokens.train, seq), micro, accum, ctx.rank, N, S["seed"])
-config = replace(preset(S["model"]["preset"]).with_vocab(tokens.vocab), dropout=S["model"]["dropout"])
-torch.manual_seed(S["seed"])
-model = Llama(config)
+model = make()
 psi = sum(p.numel() for p in model.parameters())
 if S["engine"] == "fsdp2":   # PyTorch's way: FSDP2 shards the model, DCP checkpoints it (strategies/checkpoint/dcp.py)
     engine = dcp.Engine(model, ds, init_device_mesh(ctx.device.type, (N,)))
 else:
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-ctx.log(f"data: {corpus.source}; model: Llama-shaped '{S['model']['preset']}', Ψ = {psi:,}, dropout "
-        f"{config.dropout}; {'FSDP2 and DCP' if S['engine'] == 'fsdp2' else f'ZeRO-{stage}'} on {N} ranks")
+ctx.log(f"data: {corpus.source}; model: {about}, Ψ = {psi:,}, dropout "
+        f"{S['model']['dropout']}; {'FSDP2 and DCP' if S['engine'] == 'fsdp2' else f'ZeRO-{stage}'} on {N} ranks")
 
 # ---- Where checkpoints go, and what a checkpoint must match to be resumed here ------------
 root = Path(C["dir"] or ctx.run_dir / "checkpoints")
-fingerprint = {"preset": S["model"]["preset"], "params": psi, "hidden": config.hidden, "layers": config.layers}
+fingerprint = {"preset": S["model"]["hf"] or S["model"]["preset"], "params": psi, "hidden": config.hidden,
+               "layers": config.layers}
 meta = {"lab": ctx.lab, "engine": S["engine"], "world_size": N, "stage": stage, "precision": S["ds"]["precision"],
         "model": fingerprint}
 local = node_scratch(ctx.run_dir)  # memory on this node, for this run only

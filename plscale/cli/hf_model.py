@@ -12,7 +12,7 @@ from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.hardware import hub_reachable
-from plscale.predict.hf_config import from_hf
+from plscale.predict.hf_config import end_of_text, from_hf
 from plscale.predict.presets import ModelConfig
 
 PREFIX = "hf:"
@@ -45,6 +45,11 @@ def caveat(config: ModelConfig) -> str:
             "tensors (not measured here)") if config.family == "gpt2" else ""
 
 
+def _hub_name(target: str) -> bool:
+    """owner/name, or a bare name: not a path."""
+    return not (target.startswith(("/", ".", "~")) or target.endswith(".json") or target.count("/") > 1)
+
+
 def _config_file(target: str) -> Path:
     path = Path(target).expanduser()
     if path.is_dir():
@@ -53,7 +58,7 @@ def _config_file(target: str) -> Path:
         return path / "config.json"
     if path.is_file():
         return path
-    if target.startswith(("/", ".", "~")) or target.endswith(".json") or target.count("/") > 1:
+    if not _hub_name(target):
         raise UserError(f"--model hf:{target}: no such folder or file.")
     if not hub_reachable():
         raise UserError(f"--model hf:{target} is no folder here, and the Hugging Face hub is offline (HF_HUB_OFFLINE, "
@@ -66,3 +71,70 @@ def _config_file(target: str) -> Path:
     except Exception as exc:  # not found, gated, no network after all: the hub's own words, shortened
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"--model hf:{target}: the hub gave no config.json ({first[:160]}).")
+
+
+def check_training(settings: dict, topology) -> ModelConfig:
+    """model.hf, checked on the host before any rank starts (a lab's check.py): a local folder with a
+    causal LM's config.json, a tokenizer that fits the model's vocabulary, a sequence the model takes,
+    and model states plus activations that fit each rank's memory by plscale's memory model."""
+    source, seq = str(settings["model"]["hf"]), settings["model"]["seq"]
+    folder = Path(source).expanduser()
+    if not folder.is_dir():
+        hint = (f"download it first (huggingface-cli download {source} --local-dir models/{source.split('/')[-1]}) "
+                f"and pass the folder" if _hub_name(source) and not folder.exists()
+                else "give the folder save_pretrained wrote")
+        raise UserError(f"model.hf {source}: no such folder: {hint}.")
+    config, _ = read(f"{PREFIX}{folder}")
+    if not 8 <= seq <= config.max_seq:
+        raise UserError(f"model.seq {seq}: use 8 to {config.max_seq} for {source} (its max_position_embeddings).")
+    _check_tokenizer(folder, config)
+    _check_fits(settings, topology, config, source)
+    return config
+
+
+def _check_tokenizer(folder: Path, config: ModelConfig) -> None:
+    file = folder / "tokenizer.json"
+    if not file.is_file():
+        if any((folder / name).is_file() for name in ("tokenizer.model", "vocab.json", "tokenizer_config.json")):
+            raise UserError(f"{folder} has a tokenizer but no tokenizer.json (a fast tokenizer's file): save one with "
+                            f"AutoTokenizer.from_pretrained(folder).save_pretrained(folder), or remove the tokenizer's "
+                            f"files to train on the lab's own BPE.")
+        return   # no tokenizer: the lab trains its BPE at the model's vocabulary size
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the tokenizers library's own words
+        raise UserError(f"{file} is not a tokenizer the tokenizers library reads ({str(exc)[:120]}): save it again "
+                        f"with the model's tokenizer, or remove it.")
+    if tok.get_vocab_size() > config.vocab:
+        raise UserError(f"{file} has {tok.get_vocab_size():,} tokens but the model's vocab_size is {config.vocab:,}: "
+                        f"ids past it have no embedding; use the tokenizer the model was made with, or resize the "
+                        f"model's embeddings (model.resize_token_embeddings) and save it again.")
+    if end_of_text(json.loads((folder / "config.json").read_text()), tok.token_to_id) is None:
+        raise UserError(f"{folder}: neither config.json's eos_token_id nor the tokenizer names an end-of-text token "
+                        f"to put between paragraphs: set eos_token_id in config.json.")
+
+
+def _check_fits(settings: dict, topology, config: ModelConfig, source: str) -> None:
+    from plscale.hardware import memory_available
+    from plscale.predict import memory
+    from plscale.predict.presets import largest_layer_params, param_count
+    from plscale.predict.units import GiB
+
+    ds, n = settings["ds"], topology.world_size
+    stage = 3 if settings.get("engine") == "fsdp2" else ds.get("stage", 0)
+    setup = memory.Setup(params=param_count(config), stage=stage, dp=n, precision=ds.get("precision", "fp32"),
+                         offload_optimizer=bool(ds.get("offload_optimizer")), offload_param=bool(ds.get("offload_param")),
+                         model=config, seq=settings["model"]["seq"], micro_batch=ds.get("micro_batch", 1),
+                         grad_accum=ds.get("grad_accum", 1), largest_layer=largest_layer_params(config))
+    need = memory.estimate(setup).total("device")
+    have = memory_available(topology.device)
+    if have is None:
+        return
+    per_rank = have / n if topology.device == "cpu" else have   # the host's memory is shared by its ranks
+    if need > per_rank:
+        raise UserError(f"{source} needs about {need / GiB:.1f} GiB a rank here (model states and activations, "
+                        f"ZeRO-{stage} over {n}, {setup.precision}; plscale estimate memory --model hf:{source}) and a "
+                        f"rank has {per_rank / GiB:.1f} GiB: raise ds.stage, lower model.seq or ds.micro_batch, or use "
+                        f"more ranks.")

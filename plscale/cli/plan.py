@@ -225,5 +225,50 @@ def plan(
                   f"model-parallel ranks, then less memory first). v: model chunks "
                   f"per pipeline rank (interleaved 1F1B when > 1); micro x m: sequences per micro-batch x "
                   f"micro-batches per step.", highlight=False)
+    for line in run_it(name, result.ranked, seq, precision, cluster.gpus_per_node, bool(cluster.cores)):
+        console.print(line, highlight=False, soft_wrap=True)
     console.print("[dim]Assumptions (plscale/predict/plan.py, step_time.py):\n" + "\n".join(f"  - {escape(a)}" for a in ASSUMPTIONS)
                   + "[/]", highlight=False)
+
+
+def run_it(name: str, ranked: list, seq: int, precision: str, per_node: int, here: bool) -> list[str]:
+    """The lab command that trains the plan's best layout the zero lab can run, with the model: data
+    parallelism under ZeRO 0-3, no recomputation (lab 04 trains a preset or a Hugging Face folder;
+    tensor, pipeline and context parallelism run on plscale's Llama in lab 11). Lines to print."""
+    if is_hf(name):
+        target = name[len(hf_model.PREFIX):]
+        if Path(target).name == "config.json":
+            target = str(Path(target).parent)
+        if not Path(target).expanduser().is_dir():
+            return [f"run it: the zero lab trains a model from its folder: download {target} "
+                    f"(huggingface-cli download {target} --local-dir models/{target.split('/')[-1]}) and plan "
+                    f"--model hf:models/{target.split('/')[-1]} for the command."]
+        model = [f"model.hf={target}"]
+    elif name in PRESETS:
+        model = [f"model.preset={name}"]
+    else:
+        return ["run it: the labs build presets and Hugging Face folders, not this shape (plan --model hf:FOLDER "
+                "for the command)."]
+    runnable = [c for c in ranked if c.layout[1:] == (1, 1, 1) and c.recompute == "none"]
+    if not runnable:
+        return ["run it: no layout without tp, pp, cp or recomputation fits, and the zero lab runs data "
+                "parallelism only; lab 11 composes the others on plscale's Llama."]
+    c = runnable[0]
+    sets = [*model, f"model.seq={seq}", f"ds.precision={precision}", f"ds.micro_batch={c.micro_batch}",
+            f"ds.grad_accum={c.micro_batches}"]
+    flags = " ".join(f"--set {item}" for item in sets)
+    nodes = -(-c.dp // per_node) if not here else 1
+    aside = "" if c is ranked[0] else f" (#{ranked.index(c) + 1} of all, the best the zero lab runs: #1 needs tp, pp, " \
+        "cp or recomputation)"
+    lines = [f"run it{aside}:"]
+    if nodes == 1:
+        lines.append(f"  plscale lab run zero --variant zero{c.zero} --gpus {c.dp}{' --cpu' if here else ''} {flags}")
+    if not here:
+        gpus = min(c.dp, per_node)
+        lines += [f"  on pods:  plscale runpod up --gpus {gpus}{f' --nodes {nodes}' if nodes > 1 else ''} --gpu-type TYPE "
+                  f"(plscale runpod gpus lists them), then plscale runpod run zero --variant zero{c.zero} {flags}",
+                  f"  on Slurm: plscale slurm submit zero --variant zero{c.zero} --nodes {nodes} --gpus {gpus} {flags}"]
+        if is_hf(name):
+            lines.append("  (model.hf's folder must be where the ranks run: inside the project, which runpod sync "
+                         "copies, or on the cluster's shared filesystem)")
+    return lines

@@ -39,6 +39,9 @@ def _whole_world(key: str, value) -> bool:
 
 def set_dotted(tree: dict, key: str, value, known: dict) -> None:
     """Set `key` in `tree`; the key must exist in `known` (the flattened defaults)."""
+    if key == "model.hf" and key not in known:   # the labs whose pieces are written for plscale's Llama alone
+        raise UserError("model.hf: this lab's strategy code is written for plscale's own Llama (its layers, its "
+                        "cuts); a Hugging Face model trains in the zero lab (ZeRO 0-3, offload, FSDP2) and the ckpt lab.")
     if key not in known:
         raise UserError(f"Unknown setting {key!r}.{did_you_mean(key, known)} "
                         f"See the settings with `plscale lab show LAB`.")

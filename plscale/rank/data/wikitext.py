@@ -74,30 +74,35 @@ def load_text() -> Corpus:
     return first_available("WikiText-2", from_folder, from_hub, offline_fallback)
 
 
-def tokenize(corpus: Corpus, vocab: int) -> Tokens:
+def tokenize(corpus: Corpus, vocab: int, own=None) -> Tokens:
     """Rank 0 trains (or loads) the tokenizer and encodes the text first, caching both; the other
-    ranks then read the caches (8 ranks encoding the same text at once on 2 cores took 6 s)."""
+    ranks then read the caches (8 ranks encoding the same text at once on 2 cores took 6 s).
+    `own`: a model's own tokenizer instead, (tokenizers.Tokenizer, description, end-of-text id)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank != 0:
         dist.barrier()
     label = "wikitext-2" if corpus.real else "the offline fallback text"
-    tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, label)
-    train, valid = (_encoded(tokenizer, lines) for lines in (corpus.train, corpus.valid))
+    if own:
+        tokenizer, name, eos = own
+    else:
+        tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, label)
+        eos = tokenizer.token_to_id("<|endoftext|>")
+    train, valid = (_encoded(tokenizer, lines, eos) for lines in (corpus.train, corpus.valid))
     if rank == 0 and dist.is_initialized():
         dist.barrier()
     return Tokens(train, valid, tokenizer.get_vocab_size(), name)
 
 
-def _encoded(tokenizer, lines: list[str]) -> np.ndarray:
+def _encoded(tokenizer, lines: list[str], eos: int) -> np.ndarray:
     """One stream of ids: each non-blank line, then end-of-text. Cached by the tokenizer's and the
     text's content, so a rank (or a later run) that finds it reads instead of encoding."""
-    digest = hashlib.sha256(tokenizer.to_str().encode())
+    digest = hashlib.sha256(tokenizer.to_str().encode() + str(eos).encode())
     for line in lines:
         digest.update(line.encode("utf-8", "replace") + b"\n")
     path = cache_dir() / f"ids-{digest.hexdigest()[:16]}.npy"
     if path.exists():
         return np.load(path)
-    eos, ids = tokenizer.token_to_id("<|endoftext|>"), []
+    ids = []
     for enc in tokenizer.encode_batch([line.strip() for line in lines if line.strip()]):
         ids += enc.ids + [eos]
     ids = np.asarray(ids, dtype=np.int32)

@@ -26,6 +26,8 @@ FSDP2's mixed precision casts them to bf16 as it gathers them, reducing the grad
     load_full(model, dense.state_dict())          # rank 0's whole weights, each rank keeps its shard
 """
 
+from collections.abc import Callable
+
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
@@ -50,17 +52,26 @@ def shard(model: Llama, mesh: DeviceMesh, reshard: bool, mixed: bool = False, co
     return model
 
 
-def on_meta(config: ModelConfig, mesh: DeviceMesh, reshard: bool, mixed: bool = False, device="cpu",
+def on_meta(config: ModelConfig | Callable, mesh: DeviceMesh, reshard: bool, mixed: bool = False, device="cpu",
             compile: bool = False) -> Llama:
     """The model built on the meta device (shapes, no storage), sharded, then given memory for its
-    shards only: no rank ever holds the whole model (torchtitan's way to start a 405B)."""
-    with torch.device("meta"):
-        model = Llama(config)
+    shards only: no rank ever holds the whole model (torchtitan's way to start a 405B). `config`: a
+    Llama's shape, or a function that builds any model with `.layers` there (make(meta=True),
+    plscale.rank.models.chosen: a Hugging Face model too)."""
+    if callable(config):
+        model = config(meta=True)
+    else:
+        with torch.device("meta"):
+            model = Llama(config)
     shard(model, mesh, reshard, mixed, compile)
     return model.to_empty(device=device)   # uninitialised memory for each rank's shards
 
 
-def load_full(model: Llama, state: dict) -> None:
+def load_full(model: Llama, state: dict, buffers: dict | None = None) -> None:
     """Fill the shards from one full state dict on rank 0: it broadcasts each tensor, every rank
-    keeps its rows (torch.distributed.checkpoint's loader, as when starting from a pretrained model)."""
+    keeps its rows (torch.distributed.checkpoint's loader, as when starting from a pretrained model).
+    `buffers`: the non-persistent buffers a state dict leaves out (a Hugging Face Llama's RoPE
+    inv_freq), which to_empty left uninitialised; every rank computes them itself."""
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for name, value in (buffers or {}).items():
+        model.get_buffer(name).copy_(value)
