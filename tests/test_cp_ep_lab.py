@@ -64,6 +64,10 @@ def test_experts_follow_the_unsharded_reference(cli, variant):
     assert s["alltoall"] == {"calls": 8, "bytes": 8 * 4 * 80 * 128 * 4}
     (half, _, even_half), (double, measured_double, _) = s["dropped"]
     assert (half, double, measured_double) == (0.5, 2.0, 0.0) and even_half == 50.0  # C = S k / 2E: half the routes
+    # MFU counts each token's 2 experts, HFU every one of the E x C = 320 slots of 256 routed tokens: 2.5 a token
+    f = {x["name"]: x for x in s["figures"]}
+    assert 0 < f["MFU"]["value"] < f["HFU"]["value"] < 100 and "2.5 a token, k = 2" in f["HFU"]["note"]
+    assert "median of 1 timed steps" in f["throughput"]["note"]   # 3 steps, less the first and the counted one
 
 
 @pytest.mark.parametrize("args, message", [

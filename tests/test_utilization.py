@@ -44,6 +44,35 @@ def test_recomputation_counts_in_hfu_only():
     assert full.recompute * 2 * s == pytest.approx(counter.get_total_flops(), rel=1e-9)
 
 
+@pytest.mark.parametrize("top_k, factor", [(1, 1.0), (2, 1.25), (2, 2.0)])
+def test_moe_flops_equal_torchs_count_model_with_k_experts_hardware_with_every_slot(top_k, factor):
+    # a mixture of experts by hand (lab 08), every expert in one process: torch counts what runs, by module.
+    # The forward only: the counter's modules are right there (in the backward it credits a module's gradients
+    # to others); the backward's 2 x the forward is the dense test's above
+    from plscale.predict import experts as moe
+    from plscale.strategies.experts.llama import MoELlama
+
+    c, b, s, E = dataclasses.replace(preset("tiny"), attention="math"), 2, 64, 4
+    torch.manual_seed(0)
+    model = MoELlama(c, E, top_k, factor, None, "hand", 0.01, 4)
+    tokens = torch.randint(0, c.vocab, (b, s + 1))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(tokens[:, :-1], tokens[:, 1:])
+    by_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    mlps = [f"MoELlama.layers.{i}.mlp" for i in range(c.layers)]
+    experts_part = sum(by_module[f"{m}.experts.{e}"] for m in mlps for e in range(E))
+    # the one-hot dispatch and combine einsums are the implementation's: what is left of each MoE layer is
+    # its router and its experts, each over all E x C slots
+    kept = sum(by_module[f"{m}.gate"] for m in mlps) + experts_part
+    counted = by_module["MoELlama"] - sum(by_module[m] for m in mlps) + kept
+    capacity = moe.capacity(b * s, E, top_k, factor, 4)
+    flops = moe.step_flops(c, E, top_k, s, E * capacity / (b * s))
+    assert 3 * counted == pytest.approx(flops.hardware * b * s, rel=1e-12)
+    # MFU's count is the same model with k experts a token instead of the slots: the experts' part scaled
+    assert flops.model * b * s == pytest.approx(3 * (counted - experts_part * (1 - top_k * b * s / (E * capacity))),
+                                                rel=1e-12)
+
+
 @pytest.fixture
 def one_thread():
     """One thread, as a lab's CPU rank runs: a 2-thread GEMM on a loaded 2-core machine waits for its slower thread."""

@@ -15,12 +15,16 @@ data parallel. One MoE layer, on every rank, per micro-batch:
 The lab checks the router written by hand against DeepSpeed's gate, trains the MoE Llama
 (experts.impl: hand, or DeepSpeed's MoE layer) through DeepSpeed against an unsharded
 reference holding every expert, and reports tokens per expert, routes dropped at each
-capacity factor and the all-to-all bytes per step against plscale estimate moe.
+capacity factor, the all-to-all bytes per step against plscale estimate moe, and MFU (each
+token's k experts) beside HFU (every capacity slot the experts compute).
 
     plscale lab run moe --gpus 2                  (moe-deepspeed: DeepSpeed MoE; --gpus 4: ep 4)
     deepspeed --num_gpus 2 labs/08_context_expert/experts.py --variant moe-deepspeed
         (DS_ACCELERATOR=cpu without GPUs; PLSCALE_DATA_DIR=path/to/wikitext-2 for the real data)
 """
+
+import contextlib
+import time
 
 import torch
 import torch.distributed as dist
@@ -40,6 +44,7 @@ from plscale.rank.metrics import figure
 from plscale.rank.against_dense import every_replica, follows, reference_losses, step_by_step
 from plscale.rank.against_prediction import mib_figure
 from plscale.rank.distributed import gathered
+from plscale.rank.utilization import Utilization
 
 ctx = runtime.start(__file__)
 S, ds, dev = ctx.settings, ctx.ds_config, ctx.device
@@ -94,17 +99,23 @@ batch = wikitext.replica_batches(blocks, micro, accum, seed, dev, dp, replica)  
 ctx.log(f"data: {corpus.source}; {len(blocks):,} blocks of {seq} tokens, each rank its own batch")
 
 # ---- 3. Training: DeepSpeed steps the model; one step's routing and all-to-alls counted ----
-steps, census_step, losses = S["train"]["steps"], 1, []
+steps, census_step, losses, times = S["train"]["steps"], 1, [], []
 routing, alltoall = [], {}
+slots = E * predict.capacity(tokens_per_micro, E, K, factor, slack) / tokens_per_micro   # E x C / S
+flops = predict.step_flops(config, E, K, seq, slots)   # MFU: k experts a token; HFU: every capacity slot
+util = Utilization(ctx, config, seq, micro * accum * ctx.world_size * seq, S["ds"]["precision"],
+                   flops=(flops.model, flops.hardware, f"every capacity slot computed: {slots:g} a token, k = {K}"))
 for step in range(steps):
     dispatch.TALLY.reset()
     before = comms.snapshot() if comms.enabled() else None
-    total = 0.0
-    for x, y in batch(step):
-        loss = engine(x, y)
-        backward(engine, loss, mesh)
-        engine.step()
-        total += loss.item()
+    total, t0 = 0.0, time.perf_counter()
+    with comms.off() if step != census_step else contextlib.nullcontext():  # the logger waits on each collective
+        for x, y in batch(step):
+            loss = engine(x, y)
+            backward(engine, loss, mesh)
+            engine.step()
+            total += loss.item()
+    times.append(time.perf_counter() - t0)
     if step == census_step:
         routing = [(s.counts, s.dropped, s.capacity) for s in model.routing]  # the last micro-batch
         if opts["impl"] == "hand":
@@ -115,7 +126,7 @@ for step in range(steps):
     mean = torch.tensor([total / accum], dtype=torch.float64, device=dev)
     dist.all_reduce(mean, group=mesh.group("dp"))
     losses.append(mean.item() / dp)
-    ctx.metrics.step(step=step, loss=losses[-1])
+    ctx.metrics.step(step=step, loss=losses[-1], step_time_s=times[-1], **util.of_step(times[-1]))
     ctx.metrics.progress(f"ep {EP}, {opts['impl']}", step + 1, steps, f"loss {losses[-1]:.4f}")
 
 parity = min(S["train"]["parity_steps"], steps)
@@ -184,7 +195,8 @@ if ctx.is_main:
               f"{got_calls:g} calls, {got_bytes:,.0f} bytes; predicted {want_calls}, {want_bytes:,}")
     figures += [mib_figure("all-to-all messages per rank per step", got_bytes, want_bytes,
                            f"{want_sent / MiB:.3g} MiB of them leave the rank"),
-                figure("final loss", round(losses[-1], 4), "nats")]
+                figure("final loss", round(losses[-1], 4), "nats"),
+                *util.figures([t for i, t in enumerate(times) if i not in (0, census_step)] or times)]
     ctx.log("\nexperts.png: routes per expert against the capacity, and dropped routes against the factor")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, ep=EP, dp=dp,
            impl=opts["impl"], losses=losses, routing=everyone, dropped=table if ctx.is_main else None,

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from math import ceil
 
 from plscale.predict.errors import PredictionError
-from plscale.predict.presets import ModelConfig, param_count
+from plscale.predict.presets import ModelConfig, flops_per_token, param_count
 
 
 def check_experts(experts: int, ep: int) -> None:
@@ -216,3 +216,32 @@ def even_routing(tokens: int, experts: int, top_k: int, capacity_factor: float,
     slots, routes = experts * capacity(tokens, experts, top_k, capacity_factor, min_capacity), top_k * tokens
     dropped = dropped_if_even(tokens, experts, top_k, capacity_factor, min_capacity)
     return (slots - (routes - dropped)) / slots, dropped / routes
+
+
+@dataclass(frozen=True)
+class MoEFlops:
+    """FLOPs per token of one training step (forward and backward, 3 x the forward's) of a Llama whose
+    every MLP is an MoE layer: `model` counts each token's top_k experts (what MFU divides by, as
+    for the dense model: the FLOPs the model needs); `hardware` counts what the experts compute, every
+    one of E x C capacity slots a micro-batch, filled or empty (what HFU divides by). The router's
+    h x E gate is in both; the one-hot dispatch and combine einsums are in neither (the
+    implementation's, not the model's)."""
+    model: float
+    hardware: float
+
+
+def step_flops(config: ModelConfig, experts: int, top_k: int, seq: int, slots: float) -> MoEFlops:
+    """`slots`: E x C / S, the capacity slots of a micro-batch per token it routes (k x capacity_factor
+    when the capacity comes out whole).
+
+    >>> from plscale.predict.presets import flops_per_token, preset
+    >>> c = preset("small")
+    >>> f = step_flops(c, experts=4, top_k=1, seq=128, slots=1)   # one expert a token, no padding
+    >>> f.model == f.hardware == flops_per_token(c, 128) + 6 * c.layers * c.hidden * 4   # the dense model + the gates
+    True
+    """
+    d, mlp = config.hidden, 3 * config.hidden * config.ffn
+    rest = flops_per_token(config, seq) - 6 * config.layers * mlp   # attention, head: the dense model's, less its MLPs
+    gates = 6 * config.layers * d * experts
+    return MoEFlops(model=rest + gates + 6 * config.layers * top_k * mlp,
+                    hardware=rest + gates + 6 * config.layers * slots * mlp)

@@ -10,7 +10,8 @@ synchronising measurement on them), as a training loop's own log would report it
 MFU (model FLOPs utilisation, PaLM's definition) counts the FLOPs the model needs, forward and
 backward, from plscale.predict.recompute.step_flops: 6 per matmul weight a token plus attention's
 scores and weighted sum, causal-free. HFU (hardware FLOPs utilisation) adds the forward work
-recomputation does again, so HFU = MFU without recomputation. Both are FLOP/s a rank (the
+recomputation does again, so HFU = MFU without recomputation (a mixture of experts' HFU counts
+every capacity slot its experts compute, plscale.predict.experts.step_flops). Both are FLOP/s a rank (the
 step's FLOPs over all ranks, over the step time, over the ranks) against a peak:
 - the measured matmul peak of the rank's device (plscale.rank.peak), on every device; on a
   CPU the only one there is;
@@ -34,11 +35,15 @@ _SAID = set()
 
 class Utilization:
     def __init__(self, ctx, config: ModelConfig, seq: int, tokens_per_step: int, precision: str = "fp32",
-                 recompute: str = "none", recompute_layers: int = 0):
-        flops = step_flops(config, seq, recompute, recompute_layers)
+                 recompute: str = "none", recompute_layers: int = 0, flops: tuple | None = None):
+        """`flops`: (model, hardware, what the hardware count adds) FLOPs a token, for a model the dense
+        count does not fit (a mixture of experts: plscale.predict.experts.step_flops)."""
+        if flops is None:
+            dense = step_flops(config, seq, recompute, recompute_layers)
+            flops = (dense.step, dense.total, "MFU with recomputation's FLOPs counted")
         self.tokens_per_step, self.ranks = tokens_per_step, ctx.world_size
-        self.model_flops = flops.step * tokens_per_step       # a step, all ranks together
-        self.hardware_flops = flops.total * tokens_per_step
+        self.model_flops = flops[0] * tokens_per_step       # a step, all ranks together
+        self.hardware_flops, self.hardware_note = flops[1] * tokens_per_step, flops[2]
         self.measured = matmul_peak(ctx.device, DTYPES[precision])
         gpu = gpu_of_device(torch.cuda.get_device_name(ctx.device)) if ctx.device.type == "cuda" else None
         # fp32's datasheet peak is TF32's (tensor cores), which torch uses for fp32 matmuls only when
@@ -80,6 +85,6 @@ class Utilization:
         for suffix, peak, what in peaks:
             out += [figure(f"MFU{suffix}", round(100 * achieved / peak, 2), "%", None, f"vs {what}"),
                     figure(f"HFU{suffix}", round(100 * self.per_rank(step_s, self.hardware_flops) / peak, 2), "%",
-                           None, "MFU with recomputation's FLOPs counted" if self.hardware_flops > self.model_flops
+                           None, self.hardware_note if self.hardware_flops != self.model_flops
                            else "no recomputation: equals MFU")]
         return [{**f, "name": prefix + f["name"]} for f in out]
