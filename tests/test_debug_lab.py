@@ -125,6 +125,9 @@ def test_each_fix_fits_its_peak_is_the_models_and_the_training_is_the_same(tmp_p
         assert f["step's peak per rank"]["value"] < 160 and f["data used per rank"]["value"] < 160, (fix, f)
         assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
         losses[fix] = f["final loss"]["value"]
+        # MFU of the one timed step (neither the first nor the recorded one); full recomputation's rerun in HFU only
+        assert 0 < f["MFU"]["value"] < 100 and "median of 1 timed steps" in f["throughput"]["note"], (fix, f)
+        assert (f["HFU"]["value"] > f["MFU"]["value"]) == (fix == "oom-recompute"), (fix, f)
     same = [losses[k] for k in ("oom-micro-batch", "oom-recompute", "oom-offload")]
     assert max(same) - min(same) <= 2e-3, losses
 

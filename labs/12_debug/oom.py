@@ -22,6 +22,8 @@ the limit lifted for the profiler's own buffers, and checks the step's peak agai
     torchrun --nproc_per_node 2 labs/12_debug/oom.py --variant oom-fsdp2
 """
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -36,6 +38,7 @@ from plscale.rank.data import wikitext
 from plscale.rank.distributed import gathered
 from plscale.rank.metrics import figure
 from plscale.rank.models.llama import Llama
+from plscale.rank.utilization import Utilization
 from plscale.strategies.fsdp import fully_shard
 from plscale.strategies.recompute import llama as recompute
 
@@ -80,6 +83,7 @@ if not want.fits(limit):
 
 # ---- The limit, then the model and its optimizer under it -----------------------------------------
 mesh = init_device_mesh(dev.type, (N,)) if O["fsdp2"] else None
+util = Utilization(ctx, config, O["seq"], micro * accum * N * O["seq"], "fp32", O["recompute"])  # its peak: before
 budget = memory_limit.impose(dev, limit)
 torch.manual_seed(S["seed"])
 if O["fsdp2"]:  # shards only: built on the meta device, then each rank's shards initialised
@@ -144,8 +148,9 @@ def train(t: int, limit_on: bool = True) -> tuple[float, float | None]:
     return loss_sum.item() / (N * accum), used if limit_on else None
 
 
-recorded, uses = steps - 1, []   # the last step: the steps before it ran under the limit, moments and all
+recorded, uses, times = steps - 1, [], []   # the last step: the steps before it ran under the limit, moments and all
 for t in range(steps):
+    start = time.perf_counter()
     if t == recorded:    # the limit lifted: the profiler's own buffers are not the model's
         level = held()   # the states; the history counts from here
         with budget.lifted(), allocations.record(dev) as rec:
@@ -153,7 +158,9 @@ for t in range(steps):
     else:
         loss, used = train(t)
         uses.append(used)
-    ctx.metrics.step(step=t, loss=loss, data_mib=None if used is None else round(used, 1))
+    times.append(time.perf_counter() - start)
+    ctx.metrics.step(step=t, loss=loss, data_mib=None if used is None else round(used, 1), step_time_s=times[-1],
+                     **util.of_step(times[-1]))
     ctx.metrics.progress("train", t + 1, steps, f"loss {loss:.3f}" + (f", {used:.0f} of {limit:g} MiB sampled"
                                                                          if used is not None else ", the limit lifted"))
 budget.release()
@@ -170,6 +177,7 @@ ctx.check("the memory model said it would fit", want.fits(limit),
 ctx.check(*within("the step's peak matches the memory model, every rank", [(p, want.device) for p in peaks], 0.02))
 ctx.finish([mib_figure("step's peak per rank", max(peaks), want.device, "tensors: states + the allocator's history"),
             figure("data used per rank", round(max(uses), 1), "MiB", None, f"of the {limit:g} MiB limit"),
-            figure("final loss", round(loss, 4), "nats")],
+            figure("final loss", round(loss, 4), "nats"),
+            *util.figures(times[1:recorded] or times)],   # neither the first step nor the recorded one
            data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, model=config.to_dict(),
            limit_mib=limit, predicted_terms={k: v / MiB for k, v in want.terms.items()}, plots=["memory_fixes.png"])
