@@ -38,6 +38,11 @@ def test_four_layouts_one_loss_curve_and_the_memory_model(cli):
         assert held == sharding.states_per_device(config, sharding.mesh(name, 4)), name
     for plot in s["plots"]:
         assert (run_dir / plot).read_bytes()[:4] == b"\x89PNG"
+    # MFU of each layout against the measured JAX matmul peak the simulated devices share: the process's
+    f = {x["name"]: x for x in s["figures"]}
+    for name in sharding.LAYOUTS:
+        assert 0 < f[f"{name}: MFU"]["value"] < 100 and "measured jax matmul" in f[f"{name}: MFU"]["note"], name
+    assert "shared by the simulated devices: MFU is the process's" in out.stdout
 
 
 @pytest.mark.e2e

@@ -36,7 +36,8 @@ from jax.sharding import NamedSharding  # noqa: E402
 from plscale.charts import plots  # noqa: E402
 from plscale.jaxlab import hlo, layouts, placement, weights  # noqa: E402
 from plscale.jaxlab.adam import Adam  # noqa: E402
-from plscale.predict import sharding  # noqa: E402
+from plscale.jaxlab.peak import matmul_peak, shares  # noqa: E402
+from plscale.predict import recompute, sharding  # noqa: E402
 from plscale.predict.presets import param_count, preset  # noqa: E402
 from plscale.predict.tensor_parallel import megatron_paper_count  # noqa: E402
 from plscale.rank.data import wikitext  # noqa: E402
@@ -69,6 +70,10 @@ ctx.log(f"model: Llama-shaped {S['model']['preset']!r}, Ψ = {param_count(config
 
 # ---- The four layouts: one mesh each, the same weights and batches --------------------------
 opt, results = Adam(ds), {}
+peak, step_flops = matmul_peak(ctx.devices), recompute.step_flops(config, seq).step * batch_size * seq
+mfu = lambda step_s: step_flops / step_s / (peak.flops * shares(ctx.devices))  # noqa: E731  (per device on GPUs)
+ctx.log(f"peak: {peak.describe()}" + (", shared by the simulated devices: MFU is the process's" if
+                                      shares(ctx.devices) == 1 else ", a device's"))
 for name in S["layouts"]:
     plan = sharding.mesh(name, n, S["mesh"]["tp"], S["mesh"]["stages"])
     mesh = layouts.device_mesh(plan, ctx.devices)
@@ -90,7 +95,7 @@ for name in S["layouts"]:
         losses.append(float(loss))
         times.append(time.perf_counter() - t0)
         ctx.metrics.step(layout=name, step=t, loss=losses[-1], step_time_s=times[-1],
-                         tokens_per_s=batch_size * seq / times[-1])
+                         tokens_per_s=batch_size * seq / times[-1], mfu=round(mfu(times[-1]), 6))
         ctx.metrics.progress(name, t + 1, steps, f"loss {losses[-1]:.4f}")
     ops = hlo.collectives(compiled.as_text())
     results[name] = {"mesh": plan, "losses": losses, "held": held, "predicted": sharding.states_per_device(config, plan),
@@ -190,7 +195,8 @@ for name, r in results.items():
     figures += [figure(f"{name}: parameters per device", r["held"]["parameters"] / MiB, "MiB",
                        r["predicted"]["parameters"] / MiB, str(r["mesh"])),
                 figure(f"{name}: throughput", batch_size * seq / r["step_s"], "tokens/s",
-                       note=f"median step {r['step_s'] * 1e3:.0f} ms")]
+                       note=f"median step {r['step_s'] * 1e3:.0f} ms"),
+                figure(f"{name}: MFU", round(100 * mfu(r["step_s"]), 2), "%", None, f"vs {peak.describe()}")]
 ctx.finish(figures, plots=["loss_curves.png", "memory.png"], data=corpus.source, real_data=corpus.real,
            vocab=vocab, pytorch_losses=want,
            losses={name: r["losses"] for name, r in results.items()},

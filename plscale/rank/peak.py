@@ -40,10 +40,12 @@ class Peak:
     dtype: str       # "float32", "bfloat16", ...
     device: str      # the device's name
     threads: int     # CPU threads of the rank (torch.get_num_threads()); GPUs: 0
+    engine: str = "torch"   # whose matmul: torch's, or jax's (jnp.dot, jitted)
 
     def describe(self) -> str:
         where = f"{self.threads} thread{'s' * (self.threads != 1)}" if self.threads else self.device
-        return f"{self.flops / 1e9:,.1f} GFLOP/s {self.dtype} (measured matmul, {where}, n={self.shape})"
+        how = "measured matmul" if self.engine == "torch" else f"measured {self.engine} matmul"
+        return f"{self.flops / 1e9:,.1f} GFLOP/s {self.dtype} ({how}, {where}, n={self.shape})"
 
 
 def device_name(device: torch.device) -> str:
@@ -115,6 +117,11 @@ def matmul_peak(device: torch.device, dtype: torch.dtype) -> Peak:
     threads = 0 if device.type == "cuda" else torch.get_num_threads()
     key = (f"{device_name(device)} | {str(dtype).removeprefix('torch.')} | {threads} threads | "
            f"{_local_ranks()} ranks | torch {torch.__version__}")
+    return cached(key, lambda: measure(device, dtype))
+
+
+def cached(key: str, measure_now) -> Peak:
+    """The peak saved under `key`, else `measure_now()`'s, saved (JAX's lab measures its own: jaxlab/peak.py)."""
     file = _cache_file()
     try:
         saved = json.loads(file.read_text()) if file else {}
@@ -125,7 +132,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype) -> Peak:
         return Peak(**saved[key])
     except (KeyError, TypeError):  # not measured yet, or written by another version of this file
         pass
-    peak = measure(device, dtype)
+    peak = measure_now()
     if file:
         try:
             write_json(file, {**saved, key: asdict(peak)})  # whole or not at all; ranks race harmlessly
