@@ -4,6 +4,7 @@ the labs' checks passing. Tiny Llama-, Qwen2- and GPT-2-shaped models are writte
 save_pretrained: nothing downloads. What cannot be trained is refused in one line before any rank starts."""
 
 import pytest
+import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -31,6 +32,10 @@ def folders(tmp_path_factory):
     bpe(1000).save(str(root / "qwen2" / "tokenizer.json"))                       # its own tokenizer, smaller
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=2048, n_embd=64, n_layer=2, n_head=4,
                                                          n_positions=128)).save_pretrained(root / "gpt2")  # weights
+    transformers.MistralConfig(**SHAPE).save_pretrained(root / "mistral")
+    transformers.GPT2Config(vocab_size=2048, n_embd=64, n_layer=2, n_head=4,   # eos_token_id 50256: GPT-2's
+                            n_positions=128).save_pretrained(root / "bad-eos")
+    bpe(1000).save(str(root / "bad-eos" / "tokenizer.json"))
     transformers.Qwen2Config(**SHAPE).save_pretrained(root / "wide-tokenizer")
     bpe(2600).save(str(root / "wide-tokenizer" / "tokenizer.json"))
     transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -83,7 +88,9 @@ def test_zero2_trains_qwen2_on_its_own_tokenizer(folders, cli):
 
 @pytest.mark.e2e
 def test_fsdp2_trains_gpt2_from_its_weights(folders, cli):
-    out = cli("lab", "run", "fsdp2", "--steps", "2", "--set", f"model.hf={folders / 'gpt2'}", *QUICK)
+    # named as ~/gpt2/config.json: the host and every rank read the same folder
+    out = cli("lab", "run", "fsdp2", "--steps", "2", "--set", "model.hf=~/gpt2/config.json", *QUICK,
+              env={"HOME": str(folders)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     s = load_summary(only_run(cli.runs))
     assert s["passed"], s["checks"]
@@ -91,13 +98,49 @@ def test_fsdp2_trains_gpt2_from_its_weights(folders, cli):
 
 
 @pytest.mark.e2e
-def test_a_crashed_run_of_qwen2_resumes_bit_for_bit(folders, cli):
-    out = cli("lab", "run", "ckpt-fault", "--gpus", "2", "--cpu", "--set", f"model.hf={folders / 'qwen2'}")
+def test_zero1_trains_mistral(folders, cli):
+    out = cli("lab", "run", "zero1", "--steps", "2", "--set", f"model.hf={folders / 'mistral'}", *QUICK)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     s = load_summary(only_run(cli.runs))
     assert s["passed"], s["checks"]
+    assert "(mistral, transformers' modules;" in out.stdout
+
+
+@pytest.mark.e2e
+def test_a_crashed_run_of_qwen2_resumes_bit_for_bit(folders, cli, quick_cli):
+    out = cli("lab", "run", "ckpt-fault", "--gpus", "2", "--cpu", "--set", f"model.hf={folders / 'qwen2'}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    run = only_run(cli.runs)
+    s = load_summary(run)
+    assert s["passed"], s["checks"]
     assert "the steps trained again after the restart give the same losses, bit for bit" in \
         {c["name"] for c in s["checks"]}
+    # its checkpoints are of this model: the preset is refused on the host, in one line, before any rank
+    other = quick_cli("lab", "run", "ckpt", "--gpus", "2", "--cpu", "--set", f"ckpt.resume={run / 'checkpoints'}")
+    assert other.returncode == 2 and "holds a checkpoint of another model (hf," in other.stderr, other.stderr
+
+
+def test_the_loaded_model_is_the_saved_one_and_the_config_built_one_is_seeded(folders):
+    from plscale.rank.models import hf
+
+    saved = transformers.GPT2LMHeadModel.from_pretrained(folders / "gpt2").state_dict()
+    loaded = hf.build(str(folders / "gpt2"), seed=0).hf.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
+    first, again = (hf.build(str(folders / "llama"), seed=3).state_dict() for _ in range(2))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_a_model_without_tokenizer_never_reads_gpt2s_from_the_hub(folders, monkeypatch):
+    # where the hub answers (a pod), GPT-2's 50,257 ids would not fit the model: the local BPE at its vocabulary
+    from tokenizers import Tokenizer as HubTokenizer
+
+    from plscale.rank.data import bpe
+    from plscale.rank.models import chosen
+
+    monkeypatch.setattr(bpe, "hub_reachable", lambda: True)
+    monkeypatch.setattr(HubTokenizer, "from_pretrained", lambda *a, **k: pytest.fail("GPT-2's tokenizer fetched"))
+    tokens, config, _, _ = chosen.model({"model": {"hf": str(folders / "llama")}, "seed": 0}, offline_fallback())
+    assert tokens.vocab <= config.vocab == 2048 and int(tokens.train.max()) < config.vocab
 
 
 @pytest.mark.parametrize("lab, setting, said", [
@@ -108,6 +151,7 @@ def test_a_crashed_run_of_qwen2_resumes_bit_for_bit(folders, cli):
     ("zero3", "70b", "needs about"),
     ("ckpt", "bert", "not a causal language model"),
     ("tp", "llama", "model.hf: this lab's strategy code is written for plscale's own Llama"),
+    ("zero2", "bad-eos", "eos_token_id 50256 is outside the tokenizer's 1,000 tokens"),
 ])
 def test_what_cannot_be_trained_is_one_line_and_exit_2(folders, quick_cli, lab, setting, said):
     out = quick_cli("lab", "run", lab, "--gpus", "2", "--cpu", "--set", f"model.hf={folders / setting}")
@@ -125,3 +169,11 @@ def test_a_hub_name_is_downloaded_first(quick_cli):
 def test_a_sequence_past_gpt2s_positions_is_refused(folders, quick_cli):
     out = quick_cli("lab", "run", "zero2", "--cpu", "--set", f"model.hf={folders / 'gpt2'}", "--set", "model.seq=256")
     assert out.returncode == 2 and "model.seq 256: use 8 to 128" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("value, said", [("", "model.hf names nothing"),
+                                         ("models/tiny-qwen", "no such folder: give the folder save_pretrained wrote")])
+def test_an_empty_value_and_a_typo_in_a_local_path_are_said_so(tmp_path, quick_cli, value, said):
+    (tmp_path / "models").mkdir()
+    out = quick_cli("lab", "run", "zero2", "--cpu", "--set", f"model.hf={value}", cwd=tmp_path)
+    assert out.returncode == 2 and said in out.stderr and "huggingface-cli" not in out.stderr, out.stderr

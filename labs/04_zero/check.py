@@ -9,7 +9,7 @@ from plscale.predict.presets import preset
 
 
 def check(settings: dict, topology) -> None:
-    if settings["model"]["hf"]:   # a Hugging Face model's folder: its config, tokenizer, and that it fits
+    if settings["model"]["hf"] is not None:   # a Hugging Face model's folder: its config, tokenizer, and that it fits
         check_training(settings, topology)
     else:
         config = preset(settings["model"]["preset"])  # an unknown preset names the nearest

@@ -145,7 +145,7 @@ if ctx.is_main:
                 *util.figures(timed)]
     ctx.log("\nbeside it: plscale lab run zero3 with the same --gpus and --set: the same weights and batches")
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
-           preset=S["model"]["preset"], hf=S["model"]["hf"], model=config.to_dict(), seq=seq, micro_batch=micro,
-           grad_accum=accum,
+           preset=S["model"]["preset"], hf=S["model"]["hf"], model=config.to_dict(),
+           seq=seq, micro_batch=micro, grad_accum=accum,
            engine="fsdp2", reshard=reshard, replicate=R, precision=precision, losses=losses,
            memory=by_term if ctx.is_main else {}, tokens_per_step=tokens_per_step)

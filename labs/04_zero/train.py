@@ -150,8 +150,8 @@ if ctx.is_main:
                 figure("resident memory per rank (max)", max(rss), "MiB", None, "RSS on CPU, allocator peak on GPU"),
                 *util.figures(timed)]
 ctx.finish(figures, data=corpus.source, real_data=corpus.real, tokenizer=tokens.tokenizer, params=psi,
-           preset=S["model"]["preset"], hf=S["model"]["hf"], model=config.to_dict(), seq=seq, micro_batch=micro,
-           grad_accum=accum,
+           preset=S["model"]["preset"], hf=S["model"]["hf"], model=config.to_dict(),
+           seq=seq, micro_batch=micro, grad_accum=accum,
            stage=stage, offload_optimizer=setup.offload_optimizer, offload_param=setup.offload_param,
            precision=setup.precision, memory=by_term, census_step=census_step,
            comms_per_step={op: asdict(t) for op, t in comm_per_step.items()},

@@ -10,7 +10,7 @@ from plscale.predict.presets import preset
 
 def check(settings: dict, topology) -> None:
     steps, C, F = settings["train"]["steps"], settings["ckpt"], settings["fault"]
-    if settings["model"]["hf"]:   # a Hugging Face model's folder: its config, tokenizer, and that it fits
+    if settings["model"]["hf"] is not None:   # a Hugging Face model's folder: its config, tokenizer, and that it fits
         config = check_training(settings, topology)
     else:
         config = preset(settings["model"]["preset"])
@@ -70,9 +70,11 @@ def _check_resume(root: Path, config, settings: dict, world: int, key: str = "ck
     if engine != settings["engine"]:
         raise UserError(f"{root} holds {'a DCP (FSDP2)' if engine == 'fsdp2' else 'a DeepSpeed'} checkpoint; this run's "
                         f"engine is {settings['engine']}: add --set engine={engine}.")
-    if (model.get("hidden"), model.get("layers")) != (config.hidden, config.layers):
-        raise UserError(f"{root} holds a checkpoint of another model (hidden {model.get('hidden')}, "
-                        f"{model.get('layers')} layers; this run: {settings['model']['hf'] or settings['model']['preset']!r}, hidden "
+    kind = "hf" if settings["model"]["hf"] else settings["model"]["preset"]   # the ranks' fingerprint (train.py)
+    if (model.get("preset", kind), model.get("hidden"), model.get("layers")) != (kind, config.hidden, config.layers):
+        mine = settings["model"]["hf"] or settings["model"]["preset"]
+        raise UserError(f"{root} holds a checkpoint of another model ({model.get('preset')}, hidden "
+                        f"{model.get('hidden')}, {model.get('layers')} layers; this run: {mine!r}, hidden "
                         f"{config.hidden}, {config.layers} layers): resume with the model it was saved from.")
     if engine == "fsdp2":   # DCP: any world size, no stages
         return

@@ -62,8 +62,8 @@ ctx.log(f"data: {corpus.source}; model: {about}, Ψ = {psi:,}, dropout "
 
 # ---- Where checkpoints go, and what a checkpoint must match to be resumed here ------------
 root = Path(C["dir"] or ctx.run_dir / "checkpoints")
-fingerprint = {"preset": S["model"]["hf"] or S["model"]["preset"], "params": psi, "hidden": config.hidden,
-               "layers": config.layers}
+fingerprint = {"preset": "hf" if S["model"]["hf"] else S["model"]["preset"], "params": psi, "hidden": config.hidden,
+               "layers": config.layers}   # of the model, wherever its folder is
 meta = {"lab": ctx.lab, "engine": S["engine"], "world_size": N, "stage": stage, "precision": S["ds"]["precision"],
         "model": fingerprint}
 local = node_scratch(ctx.run_dir)  # memory on this node, for this run only

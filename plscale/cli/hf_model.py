@@ -8,11 +8,12 @@ and the planner (plscale/predict/hf_config.py turns it into a shape).
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from plscale.errors import UserError
 from plscale.hardware import hub_reachable
-from plscale.predict.hf_config import end_of_text, from_hf
+from plscale.predict.hf_config import end_of_text, folder_of, from_hf
 from plscale.predict.presets import ModelConfig
 
 PREFIX = "hf:"
@@ -77,12 +78,15 @@ def check_training(settings: dict, topology) -> ModelConfig:
     """model.hf, checked on the host before any rank starts (a lab's check.py): a local folder with a
     causal LM's config.json, a tokenizer that fits the model's vocabulary, a sequence the model takes,
     and model states plus activations that fit each rank's memory by plscale's memory model."""
-    source, seq = str(settings["model"]["hf"]), settings["model"]["seq"]
-    folder = Path(source).expanduser()
+    source, seq = str(settings["model"]["hf"]).strip(), settings["model"]["seq"]
+    if not source:
+        raise UserError("model.hf names nothing: give the folder save_pretrained wrote (--set model.hf=models/NAME), "
+                        "or drop it to train the preset.")
+    folder = folder_of(source)
     if not folder.is_dir():
+        typo = "/" in source and Path(source.split("/")[0]).expanduser().exists()   # models/<typo>: a local path
         hint = (f"download it first (huggingface-cli download {source} --local-dir models/{source.split('/')[-1]}) "
-                f"and pass the folder" if _hub_name(source) and not folder.exists()
-                else "give the folder save_pretrained wrote")
+                f"and pass the folder" if _hub_name(source) and not typo else "give the folder save_pretrained wrote")
         raise UserError(f"model.hf {source}: no such folder: {hint}.")
     config, _ = read(f"{PREFIX}{folder}")
     if not 8 <= seq <= config.max_seq:
@@ -111,30 +115,34 @@ def _check_tokenizer(folder: Path, config: ModelConfig) -> None:
         raise UserError(f"{file} has {tok.get_vocab_size():,} tokens but the model's vocab_size is {config.vocab:,}: "
                         f"ids past it have no embedding; use the tokenizer the model was made with, or resize the "
                         f"model's embeddings (model.resize_token_embeddings) and save it again.")
-    if end_of_text(json.loads((folder / "config.json").read_text()), tok.token_to_id) is None:
+    eos = end_of_text(json.loads((folder / "config.json").read_text()), tok.token_to_id)
+    if eos is None:
         raise UserError(f"{folder}: neither config.json's eos_token_id nor the tokenizer names an end-of-text token "
                         f"to put between paragraphs: set eos_token_id in config.json.")
+    if not 0 <= eos < min(config.vocab, tok.get_vocab_size()):
+        raise UserError(f"{folder}/config.json: eos_token_id {eos} is outside the tokenizer's {tok.get_vocab_size():,} "
+                        f"tokens and the model's vocab_size {config.vocab:,}: set it to the tokenizer's end-of-text id "
+                        f"({tok.token_to_id('<|endoftext|>')} for '<|endoftext|>', if it has one).")
 
 
 def _check_fits(settings: dict, topology, config: ModelConfig, source: str) -> None:
+    """The lab's own question (memory.setup_from_ds_config on its generated DeepSpeed config), asked here."""
+    from plscale.dsconfig.spec import DSSpec, build
     from plscale.hardware import memory_available
     from plscale.predict import memory
-    from plscale.predict.presets import largest_layer_params, param_count
     from plscale.predict.units import GiB
 
-    ds, n = settings["ds"], topology.world_size
-    stage = 3 if settings.get("engine") == "fsdp2" else ds.get("stage", 0)
-    setup = memory.Setup(params=param_count(config), stage=stage, dp=n, precision=ds.get("precision", "fp32"),
-                         offload_optimizer=bool(ds.get("offload_optimizer")), offload_param=bool(ds.get("offload_param")),
-                         model=config, seq=settings["model"]["seq"], micro_batch=ds.get("micro_batch", 1),
-                         grad_accum=ds.get("grad_accum", 1), largest_layer=largest_layer_params(config))
-    need = memory.estimate(setup).total("device")
-    have = memory_available(topology.device)
+    n = topology.world_size
+    ds = build(DSSpec.from_dict({**settings["ds"], "world_size": n}))
+    setup = memory.setup_from_ds_config(ds, n, config, settings["model"]["seq"])
+    if settings.get("engine") == "fsdp2":   # FSDP2 shards every state as ZeRO-3 does
+        setup = replace(setup, stage=3, persistence_threshold=0)
+    need, have = memory.estimate(setup).total("device"), memory_available(topology.device)
     if have is None:
         return
     per_rank = have / n if topology.device == "cpu" else have   # the host's memory is shared by its ranks
     if need > per_rank:
         raise UserError(f"{source} needs about {need / GiB:.1f} GiB a rank here (model states and activations, "
-                        f"ZeRO-{stage} over {n}, {setup.precision}; plscale estimate memory --model hf:{source}) and a "
-                        f"rank has {per_rank / GiB:.1f} GiB: raise ds.stage, lower model.seq or ds.micro_batch, or use "
-                        f"more ranks.")
+                        f"ZeRO-{setup.stage} over {n}, {setup.precision}; plscale estimate memory --model hf:{source}) "
+                        f"and a rank has {per_rank / GiB:.1f} GiB: raise ds.stage, lower model.seq or ds.micro_batch, "
+                        f"or use more ranks.")

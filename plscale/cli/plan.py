@@ -237,7 +237,7 @@ def run_it(name: str, ranked: list, seq: int, precision: str, per_node: int, her
     tensor, pipeline and context parallelism run on plscale's Llama in lab 11). Lines to print."""
     if is_hf(name):
         target = name[len(hf_model.PREFIX):]
-        if Path(target).name == "config.json":
+        if Path(target).name == "config.json" and Path(target).expanduser().is_file():
             target = str(Path(target).parent)
         if not Path(target).expanduser().is_dir():
             return [f"run it: the zero lab trains a model from its folder: download {target} "

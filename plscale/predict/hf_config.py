@@ -100,3 +100,11 @@ def end_of_text(raw: dict, token_id) -> int | None:
         eos = next((token_id(t) for t in ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
                     if token_id(t) is not None), None)
     return eos
+
+
+def folder_of(source: str):
+    """model.hf's folder, as the host and every rank read it: ~ expanded, and a config.json names its folder."""
+    from pathlib import Path
+
+    path = Path(str(source)).expanduser()
+    return path.parent if path.name == "config.json" and path.is_file() else path

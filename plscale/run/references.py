@@ -188,6 +188,8 @@ def entry_for(reference: dict | None, variant: str, system: dict, world_size: in
     summary's) where one was measured on it, else the main one, saying so."""
     if not reference:
         return None, "no reference.json for this lab"
+    if (summary or {}).get("hf"):
+        return None, f"a run of your own model ({summary['hf']}): the reference was measured on the lab's preset"
     wanted = section_of(system)
     found = [(section, entry) for section in (wanted, "cpu" if wanted == "gpu" else "gpu")
              for entry in [(reference.get(section) or {}).get(variant),

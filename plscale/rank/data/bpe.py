@@ -36,9 +36,9 @@ def local_bpe(texts: list[str], vocab_size: int, name: str):
     return tokenizer
 
 
-def gpt2_or_local(texts: Iterable[str], vocab_size: int, name: str):
-    """(tokenizer, description). GPT-2's when the hub answers, else the local BPE."""
-    if hub_reachable():
+def gpt2_or_local(texts: Iterable[str], vocab_size: int, name: str, hub: bool = True):
+    """(tokenizer, description). GPT-2's when the hub answers (and `hub`), else the local BPE."""
+    if hub and hub_reachable():
         try:
             from tokenizers import Tokenizer
             return Tokenizer.from_pretrained("gpt2"), "GPT-2 tokenizer (hub)"

@@ -74,10 +74,11 @@ def load_text() -> Corpus:
     return first_available("WikiText-2", from_folder, from_hub, offline_fallback)
 
 
-def tokenize(corpus: Corpus, vocab: int, own=None) -> Tokens:
+def tokenize(corpus: Corpus, vocab: int, own=None, hub: bool = True) -> Tokens:
     """Rank 0 trains (or loads) the tokenizer and encodes the text first, caching both; the other
     ranks then read the caches (8 ranks encoding the same text at once on 2 cores took 6 s).
-    `own`: a model's own tokenizer instead, (tokenizers.Tokenizer, description, end-of-text id)."""
+    `own`: a model's own tokenizer instead, (tokenizers.Tokenizer, description, end-of-text id);
+    `hub` False: never GPT-2's from the hub (50,257 ids: a model of a fixed, smaller vocabulary)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank != 0:
         dist.barrier()
@@ -85,7 +86,7 @@ def tokenize(corpus: Corpus, vocab: int, own=None) -> Tokens:
     if own:
         tokenizer, name, eos = own
     else:
-        tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, label)
+        tokenizer, name = gpt2_or_local((line for line in corpus.train if line.strip()), vocab, label, hub)
         eos = tokenizer.token_to_id("<|endoftext|>")
     train, valid = (_encoded(tokenizer, lines, eos) for lines in (corpus.train, corpus.valid))
     if rank == 0 and dist.is_initialized():

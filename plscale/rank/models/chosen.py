@@ -21,10 +21,11 @@ from plscale.rank.models.llama import Llama
 
 
 def model(S: dict, corpus: wikitext.Corpus):
-    source, seed, dropout = S["model"].get("hf"), S["seed"], S["model"].get("dropout", 0.0)
+    source, seed = S["model"].get("hf"), S["seed"]
+    dropout = S["model"].get("dropout", 0.0)   # lab 04 has none, as plscale's Llama: a model's own are set to 0
     if source:
         config = hf.shape(source)
-        tokens = wikitext.tokenize(corpus, config.vocab, own=hf.tokenizer(source))
+        tokens = wikitext.tokenize(corpus, config.vocab, own=hf.tokenizer(source), hub=False)   # ids < its vocab
         kind = "weights" if hf.has_weights(source) else f"initialised from its config, seed {seed}"
         return tokens, config, lambda meta=False: hf.build(source, seed, dropout, meta), \
             f"{source} ({hf.model_type(source)}, transformers' modules; {kind})"

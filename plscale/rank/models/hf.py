@@ -12,13 +12,12 @@ from the same config.json by plscale.predict.hf_config.
 """
 
 import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plscale.predict.hf_config import end_of_text, from_hf
+from plscale.predict.hf_config import end_of_text, folder_of, from_hf
 from plscale.predict.presets import ModelConfig
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -44,53 +43,54 @@ class CausalLM(nn.Module):
 
 
 def shape(source: str) -> ModelConfig:
-    """The shape plscale/predict reads from the model's config.json."""
-    return from_hf(_config(source).to_dict(), f"{source}/config.json")[0]
+    """The shape plscale/predict reads from the model's config.json (the host's reader, the same file)."""
+    return from_hf(_raw(source), f"{folder_of(source)}/config.json")[0]
 
 
 def model_type(source: str) -> str:
-    return json.loads((Path(source) / "config.json").read_text()).get("model_type", "?")
+    return _raw(source).get("model_type", "?")
 
 
 def has_weights(source: str) -> bool:
-    return any((Path(source) / name).is_file() for name in WEIGHTS)
+    return any((folder_of(source) / name).is_file() for name in WEIGHTS)
 
 
 def build(source: str, seed: int, dropout: float = 0.0, meta: bool = False) -> CausalLM:
     """The model in fp32: loaded from its weights where the folder has them, else initialised from its
-    config with torch's RNG seeded by `seed` (the same weights on every rank and every call); `meta`:
-    shapes only, on the meta device (FSDP2 fills the shards). Every dropout of the config
-    (attention_dropout; GPT-2's resid, embd and attn_pdrop) is set to `dropout`."""
-    from transformers import AutoModelForCausalLM
+    config; torch's RNG seeded by `seed` first either way (the same weights on every rank and every
+    call, a weight the checkpoint lacks too); `meta`: shapes only, on the meta device (FSDP2 fills the
+    shards). Every dropout of the config (attention_dropout; GPT-2's resid, embd and attn_pdrop) is set
+    to `dropout`."""
+    import transformers
 
-    config = _config(source)
+    transformers.logging.set_verbosity_error()   # its notes on a toy config's ids; the lab says what it loads
+    transformers.utils.logging.disable_progress_bar()
+    folder = str(folder_of(source))
+    config = transformers.AutoConfig.from_pretrained(folder)
     for key, value in config.to_dict().items():
         if key.endswith(("dropout", "pdrop")) and isinstance(value, float):
             setattr(config, key, dropout)
+    torch.manual_seed(seed)
     if meta:
         with torch.device("meta"):
-            return CausalLM(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+            return CausalLM(transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32))
     if has_weights(source):
-        return CausalLM(AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch.float32))
-    torch.manual_seed(seed)
-    return CausalLM(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+        return CausalLM(transformers.AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32))
+    return CausalLM(transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32))
 
 
 def tokenizer(source: str):
     """The model's own tokenizer, as the labs' data reads one: (tokenizers.Tokenizer, description,
     end-of-text id), or None where the folder has no tokenizer.json (the lab trains its local BPE
     at the model's vocabulary size instead). Checked against the model's vocabulary on the host."""
-    file = Path(source) / "tokenizer.json"
+    file = folder_of(source) / "tokenizer.json"
     if not file.is_file():
         return None
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(file))
-    eos = end_of_text(json.loads((Path(source) / "config.json").read_text()), tok.token_to_id)
-    return tok, f"{source}'s own tokenizer ({tok.get_vocab_size():,} tokens)", eos
+    return tok, f"{source}'s own tokenizer ({tok.get_vocab_size():,} tokens)", end_of_text(_raw(source), tok.token_to_id)
 
 
-def _config(source: str):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(source)
+def _raw(source: str) -> dict:
+    return json.loads((folder_of(source) / "config.json").read_text())
