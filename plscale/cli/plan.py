@@ -24,7 +24,8 @@ ASSUMPTIONS = [
     ("compute: training FLOPs (6 a weight a token, attention, recomputation's rerun) at the stated efficiency "
      "of the dense peak; the slowest pipeline stage (first: embedding, last: head and loss) sets the pace"),
     ("memory: plscale.predict.memory (ZeRO model states, activations; 1F1B's first stage holds pp micro-batches, "
-     "interleaving more); fits under (1 - headroom) of the GPU"),
+     "interleaving more); fits under (1 - headroom) of the GPU; activations as plscale's Llama keeps them, or "
+     "with --activations megatron as Megatron-LM does (Korthikanti et al. 2022, plscale.predict.megatron)"),
     ("tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped; sp on with tp > 1; "
      "full recomputation reruns the forward ones"),
     ("dp: gradient reduce-scatter/all-reduce over dp x cp (ZeRO-3 adds parameter all-gathers) hidden behind the "
@@ -112,6 +113,8 @@ def plan(
                               "labs run without a GPU; measures them first (seconds), replaces --gpu."),
     machine: Path = typer.Option(None, help="With --here: this machine's figures from an earlier plan's --json "
                                  "(its \"machine\"), instead of measuring again."),
+    activations: str = typer.Option("plscale", help="Whose activation count: plscale (its Llama's, measured by the "
+                                    "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022: for Megatron layouts)."),
     headroom: float = typer.Option(planner.HEADROOM, help="Fraction of GPU memory kept free (fragmentation, buffers)."),
     top: int = typer.Option(5, help="Candidates to print."),
     every: bool = typer.Option(False, "--all", help="Every configuration, not only the best of each dp x tp x pp x cp."),
@@ -176,7 +179,12 @@ def plan(
     fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero, "recompute": recompute,
                                       "micro_batch": micro_batch, "virtual": virtual}.items()
                   if v is not None)
-    job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here)
+    if activations not in ("plscale", "megatron"):
+        raise UserError(f"--activations {activations!r}: use plscale or megatron.")
+    if activations == "megatron" and recompute == "deepspeed":
+        raise UserError("--activations megatron --recompute deepspeed: Megatron's count knows none, selective, full.")
+    job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here,
+                      activations=activations)
     result = planner.plan(job, cluster)
     usable = result.usable
     if not result.ranked:
@@ -192,6 +200,7 @@ def plan(
         typer.echo(json.dumps({
             "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
             "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
+                    "activations": activations,
                     "efficiency": efficiency, "headroom": headroom, "fixed": dict(fixed)},
             **({"machine": measured.to_dict()} if measured else {}),
             "considered": result.considered, "fitting": len(result.ranked),
@@ -204,7 +213,8 @@ def plan(
     where = (f"this machine, {escape(cluster.name)}" if cluster.cores else
              f"{gpus} x {escape(cluster.name)} ({nodes} node{'s' if nodes > 1 else ''})")
     table = Table(title=f"plan: {escape(name)} ({size}) on {where}, seq {seq}, global batch {global_batch} "
-                        f"({step_tokens} tokens), {precision}, efficiency {efficiency:g}",
+                        f"({step_tokens} tokens), {precision}, efficiency {efficiency:g}"
+                        f"{', activations as Megatron-LM keeps them' if activations == 'megatron' else ''}",
                   title_justify="left")
     for column in ("#", "dp", "tp", "pp", "cp", "v", "zero", "recompute", "micro x m", "GiB/GPU", "step (s)",
                    "tokens/s", "MFU", "why it beats the next"):

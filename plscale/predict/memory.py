@@ -71,6 +71,10 @@ backward; the step's peak holds more (the logits' gradient in the head's backwar
 parameters' gradients). Pipeline parallelism (1F1B) holds the whole model's worth on its first
 stage.
 
+`activations="megatron"` counts them as Megatron-LM keeps them instead (plscale.predict.megatron,
+Korthikanti et al. 2022's table 2: 16-bit norms, sequence parallelism over them too, the first
+stage's pp micro-batches, interleaving's extra): for the layouts published runs use.
+
 Context parallelism (cp ranks share each sequence, s/cp tokens each) cuts every activation
 term, layers and head, to s/cp tokens: ring attention and Ulysses each keep only their own tokens'
 q, k, v, output and log-sum-exp (the k, v blocks that pass through a ring rank, and Ulysses'
@@ -84,6 +88,7 @@ the ranks ZeRO shards over, whatever cp is: give dp x cp.
 from dataclasses import asdict, dataclass, field
 
 from plscale.dsconfig.valid import zero_settings
+from plscale.predict import megatron
 from plscale.predict.activations import (
     activation_bytes,
     activation_formula,
@@ -184,7 +189,12 @@ def estimate(s: Setup) -> Estimate:
     psi = rank_params(s)
     terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
     if s.model is not None:
-        terms.append(Term("activations", activation_bytes(s) + rebuilt_bytes(s), 0.0, activation_formula(s)))
+        if s.activations == "megatron":   # Korthikanti et al. 2022 (megatron.py): Megatron-LM's own count
+            kept = megatron.first_stage_bytes(s.model, s.tokens, s.micro_batch, s.tp, s.pp, s.sp, s.recompute,
+                                              s.virtual, s.grad_accum if s.pp > 1 else None)
+            terms.append(Term("activations", kept, 0.0, "Megatron-LM's: Korthikanti et al. 2022, table 2"))
+        else:
+            terms.append(Term("activations", activation_bytes(s) + rebuilt_bytes(s), 0.0, activation_formula(s)))
     return Estimate(s, terms)
 
 

@@ -68,6 +68,7 @@ class Job:
                                # micro_batch, virtual
     overlap: bool = True       # communication hides behind compute where the module doc says (False: CPU
                                # ranks, where gloo's threads and the matmuls share the same cores)
+    activations: str = "plscale"   # whose activation count (memory.py): plscale's Llama's or Megatron-LM's
 
     def allows(self, **values) -> bool:
         return all(values.get(k, v) == v for k, v in self.fixed)
@@ -202,7 +203,8 @@ def memory_setup(job: Job, c: Candidate, stage_layers: int) -> Setup:
     model = job.model if stage_layers * c.pp == job.model.layers else replace(job.model, layers=stage_layers * c.pp)
     return Setup(params=param_count(model), stage=c.zero, dp=c.dp * c.cp, precision=job.precision, tp=c.tp,
                  pp=c.pp, sp=c.sp, model=model, seq=job.seq, micro_batch=c.micro_batch, grad_accum=c.micro_batches,
-                 recompute=c.recompute, cp=c.cp, persistence_threshold=0)   # FSDP and Megatron shard every tensor
+                 recompute=c.recompute, cp=c.cp, persistence_threshold=0,   # FSDP and Megatron shard every tensor
+                 activations=job.activations, virtual=c.virtual)
 
 
 def zero_stages(dp: int, cp: int, pp: int) -> tuple[int, ...]:

@@ -107,6 +107,9 @@ class Setup:
     persistence_threshold: int = PERSISTENCE_THRESHOLD   # ZeRO-3 keeps tensors of at most this many elements
                                       # whole (stage3_param_persistence_threshold: plscale's configs 1e4, DeepSpeed's
                                       # default 1e5; memory.py's rule 6)
+    activations: str = "plscale"      # whose activation count: plscale's Llama's (activations.py, measured by
+                                      # the labs) or Megatron-LM's (megatron.py, Korthikanti et al. 2022)
+    virtual: int = 1                  # model chunks per pipeline rank (interleaved 1F1B; megatron.py's count)
     reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
                                       # memory.py's rule 2); False: after it, from whole gradients (plscale's
                                       # hand-written ZeRO-1, strategies/hybrid/zero1.py)
@@ -122,6 +125,12 @@ class Setup:
             if getattr(self, name) < 1:
                 raise PredictionError(name, getattr(self, name), f" must be at least 1 (got {getattr(self, name)}).",
                                       show="")
+        if self.activations not in ("plscale", "megatron"):
+            raise PredictionError("activations", self.activations, ": use plscale (its Llama's, measured) or megatron "
+                                  "(Korthikanti et al. 2022).")
+        if self.activations == "megatron" and self.recompute not in ("none", "selective", "full"):
+            raise PredictionError("recompute", self.recompute, ": Megatron's activation model knows none, selective "
+                                  "and full.")
         if self.accounting not in ("paper", "deepspeed"):
             raise PredictionError("accounting", self.accounting, ": use paper or deepspeed.")
         if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):

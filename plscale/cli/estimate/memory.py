@@ -59,6 +59,8 @@ def memory(
     budget: float = typer.Option(None, help="GiB per device; exit 2 when the estimate does not fit."),
     accounting: str = typer.Option("paper", help="paper: the ZeRO paper's model states; deepspeed: "
                                                  "DeepSpeed's estimate_zero2/3_model_states_mem_needs."),
+    activations: str = typer.Option("plscale", help="Whose activation count: plscale (its Llama's, measured by the "
+                                    "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022)."),
     persistence_threshold: int = typer.Option(PERSISTENCE_THRESHOLD, help="ZeRO-3 keeps tensors of at most this "
                                               "many elements whole on every rank (stage3_param_persistence_threshold: "
                                               "plscale's configs 10000, DeepSpeed's default 100000)."),
@@ -138,7 +140,8 @@ def memory(
     setup = Setup(params=params, stage=stage, dp=dp * cp, precision=precision, offload_optimizer=offload_optimizer,
                   offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
                   grad_accum=grad_accum, recompute=recompute, recompute_layers=recompute_layers,
-                  largest_layer=largest, accounting=accounting, cp=cp, persistence_threshold=persistence_threshold)
+                  largest_layer=largest, accounting=accounting, cp=cp, persistence_threshold=persistence_threshold,
+                  activations=activations)
     result = estimate(setup)
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
@@ -182,6 +185,9 @@ def memory(
 def _activations_note(s: Setup, unit: str, scale: float) -> str:
     """The activations row in its two parts: what the forward keeps (what lab 09 measures at its
     end) and what one rerun adds in the backward; the math core's s²p named."""
+    if s.activations == "megatron":
+        return (f"activations: Megatron-LM's count (plscale/predict/megatron.py), the first pipeline stage's at its "
+                f"peak, {'sequence parallel, ' if s.sp else ''}recomputation {s.recompute}; no rerun counted")
     kept, rerun = activation_bytes(s), rebuilt_bytes(s)
     region = "core's" if s.recompute == "selective" else "layer's"
     term, shape = ("(s/cp)·s·p", "[s/cp, s]") if s.cp > 1 else ("s²p", "[s, s]")
