@@ -129,6 +129,12 @@ def test_no_feasible_configuration_names_the_memory_it_needs():
     line = " ".join(out.stderr.split())
     assert f"needs at least {least:.1f} GiB per GPU" in line and "the GPU has 8.0 GiB" in line
     assert "Traceback" not in out.stderr
+    # which part overflows: 7B's states, 16 bytes a parameter over 2 GPUs even at ZeRO-3, are most of it
+    parts = result.least_memory.parts
+    assert sum(parts.values()) == pytest.approx(result.least_memory.memory, rel=1e-9)
+    states = sum(v for k, v in parts.items() if k != "activations")
+    assert states > parts["activations"] and states >= 16 * param_count(SEVEN_B) / 2 * 0.999
+    assert f"model states {states / GiB:.1f} GiB" in line and "most of it is model states" in line
 
 
 def test_cli_plans_7b_on_64_h100():

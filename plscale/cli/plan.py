@@ -191,10 +191,18 @@ def plan(
         if result.least_memory is None:
             raise UserError(f"No layout of {gpus} GPUs fits this job: {in_flags(planner.no_layout_reason(job, cluster), plan)}.")
         c = result.least_memory
+        states = sum(v for k, v in c.parts.items() if k != "activations")
+        parts = (f"model states {gib(states):.1f} GiB, activations {gib(c.parts.get('activations', 0)):.1f} GiB"
+                 if c.parts else "")
+        biggest = ("model states" if states >= c.parts.get("activations", 0) else "activations") if c.parts else ""
+        hint = {"model states": "more GPUs (or a higher --zero) to shard the states, a larger GPU or a smaller model",
+                "activations": "recomputation, a shorter --seq, more tp or cp, or a smaller --micro-batch"}.get(
+                    biggest, "more GPUs, a larger GPU, a shorter --seq or a smaller model")
         raise UserError(f"No configuration fits: the smallest needs at least {gib(c.memory):.1f} GiB per GPU (dp {c.dp} "
                         f"tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, micro-batch "
-                        f"{c.micro_batch}); the GPU has {gib(cluster.memory):.1f} GiB, {gib(usable):.1f} usable with "
-                        f"{headroom:.0%} headroom: more GPUs, a larger GPU, a shorter --seq or a smaller model.")
+                        f"{c.micro_batch}{': ' + parts if parts else ''}); the GPU has {gib(cluster.memory):.1f} GiB, "
+                        f"{gib(usable):.1f} usable with {headroom:.0%} headroom"
+                        f"{f'; most of it is {biggest}' if biggest else ''}: {hint}.")
     shown = (result.ranked if every else result.best_per_layout())[:top]
     if as_json:
         typer.echo(json.dumps({

@@ -108,6 +108,7 @@ class Candidate:
     virtual: int = 1           # model chunks per pipeline rank (interleaved 1F1B when > 1)
     terms: dict = field(default_factory=dict)   # TERMS -> seconds
     tie: int = 0               # its tie group in the ranking (rank): the same number, a tie
+    parts: dict = field(default_factory=dict)   # memory term -> bytes a GPU (the least-memory candidate's)
     tokens_per_s: float = 0.0
     mfu: float = 0.0
 
@@ -284,6 +285,8 @@ def plan(job: Job, gpu: GPU) -> Plan:
                     considered += 1
                     if least is None or c.memory < least.memory:
                         least = c
+                        c.parts = {t.name: t.device for t in memory.terms}
+                        c.parts["activations"] = c.memory - sum(v for k, v in c.parts.items() if k != "activations")
                     if c.memory > usable:
                         continue
                     c.terms = step_terms(job, gpu, c, setup, stage_layers)
