@@ -25,7 +25,7 @@ from plscale.predict.plan import (
     why_faster,
 )
 from plscale.predict.presets import PRESETS, param_count
-from plscale.predict.published import PUBLISHED, SHAPES
+from plscale.predict.published import PUBLISHED, SHAPES, model_shape
 from plscale.predict.step_time import (
     collective_seconds,
     fewest_per_node,
@@ -325,3 +325,15 @@ def test_a_device_name_finds_its_gpu_and_peak():
     for device, tflops in seen.items():
         assert gpu_of_device(device).peak("bf16") == tflops * 1e12, device
     assert gpu_of_device("Tesla V100-SXM2-32GB") is None
+
+
+def test_h800_and_b200_are_in_the_gpu_table_with_their_datasheets_figures():
+    h800, h100, b200 = (find_gpu(name) for name in ("H800", "H100", "B200"))
+    # the H800 is an H100 with its NVLink cut to 400 GB/s both ways; the B200 2,250 TFLOP/s bf16 dense, NVLink 5
+    assert (h800.peak("bf16"), h800.memory) == (h100.peak("bf16"), h100.memory) and h800.intra_gbs == 400 / 2
+    assert b200.peak("bf16") == 2250e12 and b200.intra_gbs == 1800 / 2 and b200.memory == 180e9
+    # the same tensor-parallel layout of a 70B: its collectives cost more over the H800's narrower NVLink
+    job = Job(model_shape("llama3-70b"), 64, 4096, 256, fixed=(("tp", 8), ("pp", 1), ("cp", 1), ("zero", 1),
+                                                                 ("recompute", "full"), ("micro_batch", 1)))
+    [slow], [fast] = (plan(job, gpu).ranked for gpu in (h800, h100))
+    assert slow.terms["tp"] > 2 * fast.terms["tp"] and slow.terms["compute"] == fast.terms["compute"]

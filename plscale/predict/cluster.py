@@ -11,6 +11,12 @@ Sources (datasheets as published by NVIDIA):
                    both directions (450 each way); DGX/HGX H100: 8 x ConnectX-7 400 Gb/s, one per
                    GPU (50 GB/s). nvidia-smi: 81,559 MiB. (Llama 3's cluster: also 400 Gb/s a GPU.)
   H200 SXM 141GB   the H100's compute and NVLink; 143,771 MiB; the same 400 Gb/s a GPU in HGX H200.
+  H800 SXM5 80GB   the H100's compute and memory, its NVLink cut to 400 GB/s both ways (200 each);
+                   400 Gb/s a GPU across nodes, as DeepSeek-V3's cluster (whose report measured 160
+                   GB/s over NVLink and 50 GB/s over InfiniBand).
+  B200 (HGX, 1,000 W)  2,250 TFLOP/s bf16 dense (4,500 with sparsity), 1,100 TF32; 180 GB HBM3e (the
+                   datasheet's GB: no nvidia-smi figure read here), 8,000 GB/s at most; NVLink 5 1.8 TB/s
+                   both ways (900 each); HGX B200: 8 x ConnectX-7 400 Gb/s.
   A100 SXM4 80GB   312 TFLOP/s bf16 dense, 156 TF32; NVLink 3 600 GB/s both ways (300 each);
                    DGX A100: 8 x ConnectX-6 200 Gb/s HDR (25 GB/s a GPU). 81,920 MiB.
   A100 SXM4 40GB   the same, 40,960 MiB.
@@ -95,6 +101,10 @@ GPUS = {
                 "NVIDIA H100 datasheet; DGX H100: 8 x 400 Gb/s ConnectX-7", hbm_gbs=3350),
     "H200": GPU("H200 SXM 141GB", 143_771 * MiB, _tf(989, 494), 450, 50, 8,
                 "NVIDIA H200 datasheet; HGX H200: 8 x 400 Gb/s", hbm_gbs=4800),
+    "H800": GPU("H800 SXM5 80GB", 81_559 * MiB, _tf(989, 494), 200, 50, 8,
+                "NVIDIA H800 datasheet (NVLink 400 GB/s); 400 Gb/s a GPU as in DeepSeek-V3's report", hbm_gbs=3350),
+    "B200": GPU("B200 180GB (HGX)", 180e9, _tf(2250, 1100), 900, 50, 8,
+                "NVIDIA HGX B200 datasheet (1,000 W); 8 x ConnectX-7 400 Gb/s", hbm_gbs=8000),
     "A100": GPU("A100 SXM4 80GB", 81_920 * MiB, _tf(312, 156), 300, 25, 8,
                 "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=2039),
     "A100-40GB": GPU("A100 SXM4 40GB", 40_960 * MiB, _tf(312, 156), 300, 25, 8,
