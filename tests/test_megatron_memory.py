@@ -75,3 +75,5 @@ def test_estimate_memory_prints_megatrons_count_and_refuses_what_it_does_not_kno
     assert json.loads(out.stdout)["terms"]["activations"]["device"] == pytest.approx(want, rel=1e-12)
     bad = run_cli("estimate", "memory", "--model", "7b", "--activations", "megatron", "--recompute", "deepspeed")
     assert bad.returncode == 2 and "Megatron's activation model knows none, selective" in bad.stderr, bad.stderr
+    negative = run_cli("estimate", "memory", "--model", "7b", "--stage", "3", "--persistence-threshold", "-5")
+    assert negative.returncode == 2 and "--persistence-threshold -5: use 0" in negative.stderr, negative.stderr

@@ -125,6 +125,9 @@ class Setup:
             if getattr(self, name) < 1:
                 raise PredictionError(name, getattr(self, name), f" must be at least 1 (got {getattr(self, name)}).",
                                       show="")
+        if self.persistence_threshold < 0:
+            raise PredictionError("persistence_threshold", self.persistence_threshold, ": use 0 (every tensor "
+                                  "partitioned) or more elements, e.g. 10000 (plscale's) or 100000 (DeepSpeed's).")
         if self.activations not in ("plscale", "megatron"):
             raise PredictionError("activations", self.activations, ": use plscale (its Llama's, measured) or megatron "
                                   "(Korthikanti et al. 2022).")
