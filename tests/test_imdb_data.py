@@ -138,5 +138,7 @@ def test_encoder_ignores_padding_and_pretrained_offline_is_a_user_error(monkeypa
         assert torch.allclose(model(ids, mask), model(other, mask), atol=1e-6)
         assert not torch.allclose(model(ids, mask)[0], model(ids, torch.ones_like(mask))[0])
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants  # it reads HF_HUB_OFFLINE once, at import: maybe by an earlier test here
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(UserError, match="model.init=pretrained: cannot load"):
         pretrained("distilbert-base-uncased")
