@@ -78,7 +78,8 @@ def _local_ranks() -> str:
 
 def _timed_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: float) -> float:
     """FLOP/s of n x n @ n x n, the best of repeated calls within `seconds` (after one warm-up)."""
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    draws = torch.Generator(device=device).manual_seed(0)   # its own stream: the run's seeded one untouched
+    a, b = (torch.randn(n, n, device=device, generator=draws).to(dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     calls = 4 if device.type == "cuda" else 1   # a GPU's kernels queue: time a few between syncs
     a @ b
