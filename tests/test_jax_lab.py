@@ -75,16 +75,18 @@ def test_collectives_by_definition_on_two_devices(cli):
     ("pipeline.micro_batches=0", "pipeline.micro_batches 0: use a whole number"),
     ("parity.tolerance=2", "parity.tolerance 2"),
 ])
-def test_bad_settings_fail_in_one_line(cli, setting, words):
+def test_bad_settings_fail_in_one_line(quick_cli, setting, words):
+    cli = quick_cli  # refused before launch: in this process (it imports no JAX)
     out = cli("lab", "run", "jax", "--cpu", "--set", setting)
     assert out.returncode == 2, out.stdout + out.stderr
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not cli.runs.exists() or not any(cli.runs.iterdir())
 
 
-def test_a_ds_config_file_is_held_to_the_same_rules(cli, tmp_path):
+def test_a_ds_config_file_is_held_to_the_same_rules(quick_cli, tmp_path):
     """The lab reads Adam and the micro batch from the DeepSpeed config; a user's --ds-config that
     asks for what it would ignore (ZeRO-3, bf16, clipping) is refused in one line, naming the file."""
+    cli = quick_cli  # refused before launch: in this process
     out = cli("lab", "run", "jax", "--cpu", "--ds-config", "ds_configs/zero3.json")
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: ds_configs/zero3.json: The JAX lab shards by layout, not by ZeRO stage: use ZeRO stage 0 without "

@@ -167,7 +167,8 @@ def test_variant_restarts_need_torchrun(mnist):
                               "use --launcher torchrun."),
     (["--launcher", "torchrun", "--max-restarts", "-2"], "--max-restarts -2: use 0 (no restart) or more."),
 ])
-def test_bad_max_restarts_exit_2(cli, args, message):
+def test_bad_max_restarts_exit_2(quick_cli, args, message):
+    cli = quick_cli  # refused before launch: in this process
     result = cli("lab", "run", "mnist", "--cpu", *args)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

@@ -148,7 +148,7 @@ def test_the_pipeline_bubble_is_waiting_in_the_trace(tmp_path):
     (["zero3", "--steps", "4", "--profile", "0"], "step 0 holds the setup"),
     (["jax-gspmd", "--profile", "1"], "jax.profiler"),
 ])
-def test_bad_profile_step_is_refused_before_launch(tmp_path, args, words):
-    done = run_cli("lab", "run", *args, "--gpus", "2", "--cpu", env={"PLSCALE_RUNS_DIR": str(tmp_path / "runs")})
+def test_bad_profile_step_is_refused_before_launch(quick_cli, args, words):
+    done = quick_cli("lab", "run", *args, "--gpus", "2", "--cpu")   # refused before launch: in this process
     assert done.returncode == 2 and words in done.stderr and done.stderr.count("error:") == 1, done.stderr
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    assert not quick_cli.runs.exists() or not any(quick_cli.runs.iterdir())
