@@ -140,25 +140,29 @@ def test_a_full_disk_leaves_earlier_checkpoints_untouched(lab, goldens, tmp_path
     assert store.latest_tag(root) == "step000008"
 
 
+def same_batch(ranks: int) -> list:
+    """The same global batch of 4 blocks on 1 or 2 ranks, no dropout, a checkpoint every 3 steps."""
+    return ["--gpus", ranks, "--set", f"ds.grad_accum={2 // ranks}", "--set", "model.dropout=0",
+            "--set", "ckpt.every=3"]
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("saved_by, resumed_by", [(2, 1), (1, 2)])
-def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, quick_cli, saved_by, resumed_by):
-    same_batch = lambda ranks: ["--gpus", ranks, "--set", f"ds.grad_accum={2 // ranks}", "--set", "model.dropout=0",  # noqa: E731
-                                "--set", "ckpt.every=3", "--set", "ckpt.full_every=6", "--set", "ckpt.durable_every=6"]
-    first, _ = lab("basic", *same_batch(saved_by))
-    refused = quick_cli("lab", "run", "ckpt", *FAST, *same_batch(resumed_by),
-                        "--set", f"ckpt.resume={first / 'checkpoints'}")
-    assert refused.returncode == 2 and "--to universal" in refused.stderr
-    out = run_cli("ckpt", "convert", first / "checkpoints", "--to", "universal")
-    assert out.returncode == 0, out.stdout + out.stderr
-    universal = first / "checkpoints-universal"
-    second, _ = lab("basic", *same_batch(resumed_by), "--set", f"ckpt.resume={universal}",
-                    "--set", "ds.load_universal=true")
-    s = load_summary(second)
-    assert s["resumed_step"] == 6
-    before, after = losses_by_attempt(first)[0], losses_by_attempt(second)[0]
-    for step in (6, 7):  # the same global batch of 4 blocks on 1 or 2 ranks; another summation order
-        assert after[step] == pytest.approx(before[step], rel=1e-5)
+def test_resume_at_another_world_size_through_a_universal_checkpoint(lab, quick_cli):
+    """Saved by 2 ranks, resumed on 1 (step 9); that run's own checkpoint (step 12) resumed on 2 again."""
+    first, _ = lab("basic", *same_batch(2), "--steps", 11)
+    for ranks, resumed in ((1, 9), (2, 12)):
+        refused = quick_cli("lab", "run", "ckpt", *FAST, *same_batch(ranks), "--steps", 14,
+                            "--set", f"ckpt.resume={first / 'checkpoints'}")
+        assert refused.returncode == 2 and "--to universal" in refused.stderr, refused.stderr
+        out = run_cli("ckpt", "convert", first / "checkpoints", "--to", "universal")
+        assert out.returncode == 0, out.stdout + out.stderr
+        second, _ = lab("basic", *same_batch(ranks), "--steps", 14,
+                        "--set", f"ckpt.resume={first / 'checkpoints-universal'}", "--set", "ds.load_universal=true")
+        assert load_summary(second)["resumed_step"] == resumed
+        before, after = losses_by_attempt(first)[0], losses_by_attempt(second)[0]
+        for step in (resumed, resumed + 1):  # the same global batch on 1 or 2 ranks; another summation order
+            assert after[step] == pytest.approx(before[step], rel=1e-5), (ranks, step)
+        first = second
 
 
 @pytest.mark.e2e
@@ -180,17 +184,17 @@ def test_dcp_killed_and_restarted_run_equals_the_uninterrupted_one(lab, quick_cl
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("saved_by, resumed_by", [(2, 1), (1, 2)])
-def test_dcp_resumes_at_another_world_size_as_it_is(lab, saved_by, resumed_by):
-    same_batch = lambda ranks: ["--gpus", ranks, "--set", f"ds.grad_accum={2 // ranks}", "--set", "model.dropout=0",  # noqa: E731
-                                "--set", "ckpt.every=3"]
-    first, _ = lab("dcp", *same_batch(saved_by))
-    second, _ = lab("dcp", *same_batch(resumed_by), "--set", f"ckpt.resume={first / 'checkpoints'}")
-    s = load_summary(second)
-    assert s["passed"] and s["resumed_step"] == 6
-    before, after = losses_by_attempt(first)[0], losses_by_attempt(second)[0]
-    for step in (6, 7):  # the same global batch of 4 blocks on 1 or 2 ranks, each rank's rows read from the other's
-        assert after[step] == pytest.approx(before[step], rel=1e-5)
+def test_dcp_resumes_at_another_world_size_as_it_is(lab):
+    """Saved by 2 ranks, resumed on 1 (step 9); that run's own checkpoint (step 12) resumed on 2 again."""
+    first, _ = lab("dcp", *same_batch(2), "--steps", 11)
+    for ranks, resumed in ((1, 9), (2, 12)):
+        second, _ = lab("dcp", *same_batch(ranks), "--steps", 14, "--set", f"ckpt.resume={first / 'checkpoints'}")
+        s = load_summary(second)
+        assert s["passed"] and s["resumed_step"] == resumed
+        before, after = losses_by_attempt(first)[0], losses_by_attempt(second)[0]
+        for step in (resumed, resumed + 1):  # the same global batch of 4 blocks, each rank's rows read from the other's
+            assert after[step] == pytest.approx(before[step], rel=1e-5), (ranks, step)
+        first = second
 
 
 @pytest.mark.parametrize("args, message", [
