@@ -86,7 +86,7 @@ def test_ls_lists_both_and_marks_latest(saved, tmp_path):
     assert row(run_cli("ckpt", "ls", tmp_path / "run").stdout, NEWEST) == newest
 
 
-def test_verify_catches_truncated_and_flipped_files(saved, tmp_path):
+def test_verify_catches_truncated_and_flipped_files(saved, tmp_path, quick_cli):
     result = run_cli("ckpt", "verify", saved / "stage2")
     assert result.returncode == 0 and "2 of 2 checkpoint(s) whole" in result.stdout, result.stdout
 
@@ -103,7 +103,8 @@ def test_verify_catches_truncated_and_flipped_files(saved, tmp_path):
     listing = run_cli("ckpt", "ls", root).stdout
     assert "truncated" in row(listing, NEWEST) and "valid" not in row(listing, NEWEST)
     assert "valid" in row(listing, OLDER)
-    one_line_error(run_cli("ckpt", "convert", root, "--to", "fp32", "--out", tmp_path / "x.pt"),
+    # refused before converting: checked in this process
+    one_line_error(quick_cli("ckpt", "convert", root, "--to", "fp32", "--out", tmp_path / "x.pt"),
                    f"{NEWEST} is damaged, not converted: {OPTIM} has")
     assert not (tmp_path / "x.pt").exists()
 
@@ -168,11 +169,12 @@ def test_universal_verifies_and_loads_on_one_rank(saved):
     assert loaded["next_loss"] == loaded["next_loss"]  # not NaN: the optimizer state loaded
 
 
-def test_universal_refuses_stage_0(saved, tmp_path):
-    one_line_error(run_cli("ckpt", "convert", saved / "stage0", "--to", "universal", "--out", tmp_path / "u"),
+def test_universal_refuses_stage_0(saved, tmp_path, quick_cli):
+    # refused before converting: checked in this process
+    one_line_error(quick_cli("ckpt", "convert", saved / "stage0", "--to", "universal", "--out", tmp_path / "u"),
                    "is a ZeRO stage-0 checkpoint")
     assert not (tmp_path / "u").exists()
-    one_line_error(run_cli("ckpt", "convert", saved / "stagefsdp2", "--to", "universal", "--out", tmp_path / "u"),
+    one_line_error(quick_cli("ckpt", "convert", saved / "stagefsdp2", "--to", "universal", "--out", tmp_path / "u"),
                    "is a torch.distributed.checkpoint (DCP) checkpoint: it loads at any world size as it is")
     assert not (tmp_path / "u").exists()
 
