@@ -13,7 +13,8 @@ from plscale.predict.plan import Job, plan
 from plscale.predict.presets import ModelConfig
 
 # GPT-3 175B as the paper trains it (table 3): h 12288, a 96, L 96, s 2048, micro-batch 1, t 8; its MLP is 4h
-GPT3 = ModelConfig(vocab=51200, hidden=12288, layers=96, heads=96, kv_heads=96, ffn=4 * 12288, max_seq=2048)
+GPT3 = ModelConfig(vocab=51200, hidden=12288, layers=96, heads=96, kv_heads=96, ffn=4 * 12288, max_seq=2048,
+                    attention="math")   # the paper's attention writes its scores
 S, B, H, A, T = 2048, 1, 12288, 96, 8
 
 
@@ -53,7 +54,8 @@ def test_the_530b_run_that_trained_in_80_gb_fits_under_megatrons_count():
     # Korthikanti et al. table 3: MT-NLG 530B (h 20480, a 128, L 105) at t 8, p 35 on 280 A100 80GB, micro-batch 1,
     # global batch 280, sequence parallelism and selective recomputation. It ran; plscale's own Llama count
     # (fp32 norms, whole gathered inputs) says it does not fit, Megatron's that it does
-    mtnlg = ModelConfig(vocab=51200, hidden=20480, layers=105, heads=128, kv_heads=128, ffn=4 * 20480, max_seq=2048)
+    mtnlg = ModelConfig(vocab=51200, hidden=20480, layers=105, heads=128, kv_heads=128, ffn=4 * 20480, max_seq=2048,
+                        attention="math")
     fixed = (("tp", 8), ("pp", 35), ("dp", 1), ("zero", 0), ("recompute", "selective"), ("micro_batch", 1),
              ("virtual", 1))
     gpu = GPUS["A100"]

@@ -106,7 +106,7 @@ def test_published_layout_is_among_the_top_candidates(published):
     """The validation: held to what the run's system offered (published.fixed, the reason in its
     differences), the published layout ranks among the top_k best layouts with a predicted step
     time within max_gap of the best one's. k is 3 (5 for Llama 3 on 8K GPUs, where 4 layouts lie
-    within 5 %) and the gap 5-7 %: the model leaves out what separates layouts closer than that
+    within 5 %) and the gap 5-10 %: the model leaves out what separates layouts closer than that
     (kernel efficiency against matmul size, the network's efficiency on small messages)."""
     job = Job(SHAPES[published.model], published.gpus, published.seq, published.global_batch, fixed=published.fixed)
     result = plan(job, find_gpu(published.gpu))
@@ -223,11 +223,15 @@ def test_links_of_groups_across_nodes():
     assert fewest_per_node(4, 1, 8) is None
 
 
-def test_latency_is_the_fewer_of_ring_and_tree_steps():
-    """An all-reduce of 1,024 ranks across nodes pays 2 x 10 tree steps, not 2 x 1,023 ring steps."""
+def test_latency_is_the_fewer_of_ring_and_tree_steps_for_an_all_reduce_and_a_ring_for_the_others():
+    """An all-reduce of 1,024 ranks across nodes pays 2 x 10 tree steps, not 2 x 1,023 ring steps. NCCL has no
+    tree for all-gather and reduce-scatter (its PAT algorithm serves one GPU a node): a ring's 1,023 steps,
+    which is what ZeRO-3's gathers over a thousand ranks pay a layer."""
     one_byte = collective_seconds("all_reduce", 0, 1024, (50e9, 5e-6))
     assert one_byte == pytest.approx(2 * ceil(log2(1024)) * 5e-6)
-    assert collective_seconds("all_gather", 0, 3, (50e9, 5e-6)) == pytest.approx(2 * 5e-6)   # ring 2 < tree 2
+    assert collective_seconds("all_gather", 0, 3, (50e9, 5e-6)) == pytest.approx(2 * 5e-6)
+    for op in ("all_gather", "reduce_scatter"):
+        assert collective_seconds(op, 0, 1024, (50e9, 5e-6)) == pytest.approx(1023 * 5e-6)
 
 
 def test_bubble_of_1f1b_and_interleaved():
@@ -274,7 +278,8 @@ def test_cp_ring_carries_a_tp_ranks_kv_heads_behind_its_causal_share():
     assert terms(Job(model, 4, 8192, 1, overlap=False), c, slow)["cp"] == pytest.approx(32 * hops, rel=1e-12)
     scores = 3 * 2048**2 + 2048 * 2049
     window = 3 * 4 * 128 * scores * 16 / (989e12 * 0.5)
-    assert terms(Job(model, 4, 8192, 1), c, slow)["cp"] == pytest.approx(32 * (hops - window), rel=1e-12)
+    assert terms(Job(model, 4, 8192, 1, efficiency=0.5), c, slow)["cp"] == pytest.approx(32 * (hops - window),
+                                                                                      rel=1e-12)
 
 
 def test_zero_stages_offered():
@@ -334,6 +339,7 @@ def test_h800_and_b200_are_in_the_gpu_table_with_their_datasheets_figures():
     assert b200.peak("bf16") == 2250e12 and b200.intra_gbs == 1800 / 2 and b200.memory == 180e9
     # the same tensor-parallel layout of a 70B: its collectives cost more over the H800's narrower NVLink
     job = Job(model_shape("llama3-70b"), 64, 4096, 256, fixed=(("tp", 8), ("pp", 1), ("cp", 1), ("zero", 1),
-                                                                 ("recompute", "full"), ("micro_batch", 1)))
+                                                                 ("recompute", "full"), ("micro_batch", 1),
+                                                                 ("sp", True)))
     [slow], [fast] = (plan(job, gpu).ranked for gpu in (h800, h100))
     assert slow.terms["tp"] > 2 * fast.terms["tp"] and slow.terms["compute"] == fast.terms["compute"]

@@ -21,25 +21,29 @@ from plscale.predict.units import gib
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
 ASSUMPTIONS = [
-    ("compute: training FLOPs (6 a weight a token, attention, recomputation's rerun) at the stated efficiency "
-     "of the dense peak; the slowest pipeline stage (first: embedding, last: head and loss) sets the pace"),
+    ("compute: training FLOPs (6 a weight a token, attention, recomputation's rerun) at the efficiency the "
+     "layout's per-GPU matmul shapes reach (plscale.predict.matmul: the GPU's measured best GEMM, tile and wave "
+     "quantization, flash attention's causal half, elementwise work at the memory bandwidth), or --efficiency; "
+     "the slowest pipeline stage (first: embedding, last: head and loss) sets the pace"),
     ("memory: plscale.predict.memory (ZeRO model states, activations; 1F1B's first stage holds pp micro-batches, "
      "interleaving more); fits under (1 - headroom) of the GPU; activations as plscale's Llama keeps them, or "
      "with --activations megatron as Megatron-LM does (Korthikanti et al. 2022, plscale.predict.megatron)"),
-    ("tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped; sp on with tp > 1; "
-     "full recomputation reruns the forward ones"),
+    ("tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped unless --tp-overlap "
+     "(then only what the compute cannot cover); sequence parallelism on or off; full recomputation reruns the "
+     "forward ones"),
     ("dp: gradient reduce-scatter/all-reduce over dp x cp (ZeRO-3 adds parameter all-gathers) hidden behind the "
-     "backward of its micro-batch; parameter all-gathers after the step exposed"),
+     "backward of its micro-batch; parameter all-gathers after the step exposed unless --overlap-param-gather"),
     "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
     ("cp: ring attention's k, v hops of the rank's kv heads (context_parallel.ring_bytes) hidden behind its "
      "causal zig-zag attention core"),
     ("optimizer: AdamW's step over the states a rank keeps (/ dp x cp under ZeRO), 28 bytes a parameter at the "
      "GPU's memory bandwidth; on CPU ranks (--here) measured, with gloo's collectives, a p2p hop and a layer's fixed cost"),
     ("links: Megatron's rank order (tp, cp, dp, pp); a group spanning nodes with k members a node runs at "
-     "min(NVLink, k x network); latency a step 1 us NVLink, 5 us network, min(ring, tree) steps"),
+     "min(NVLink, k x network); latency a step 1 us NVLink, 5 us network; an all-reduce min(ring, tree) steps, "
+     "an all-gather or reduce-scatter a ring's n - 1"),
     ("ranking: by step time; candidates within 1% of their group's fastest are a tie, ranked by fewer "
      "model-parallel ranks, then less memory"),
-    ("not modelled: kernel efficiency against matmul size, the network's lower efficiency on small messages, "
+    ("not modelled: fused kernels beyond one op, the network's lower efficiency on small messages, "
      "launch latency, expert parallelism, offload, fp8, zero-bubble schedules"),
 ]
 
@@ -106,8 +110,14 @@ def plan(
     gpus_per_node: int = typer.Option(None, help="GPUs a node (replaces the --gpu's, 8)."),
     seq: int = typer.Option(None, help="Sequence length (default: the model's longest, at most 4096)."),
     global_batch: int = typer.Option(None, help="Sequences per optimizer step (default: about 4M tokens)."),
-    efficiency: float = typer.Option(None, help="Fraction of the peak FLOP/s the matmuls reach (default 0.5; "
-                                     "--here: 1, the measured FLOP/s are the model's own)."),
+    efficiency: float = typer.Option(None, help="Fraction of the peak FLOP/s the compute reaches (default: what each "
+                                     "layout's matmul shapes reach on the GPU, plscale/predict/matmul.py; 0.5 for a GPU "
+                                     "without matmul figures; --here: 1, the measured FLOP/s are the model's own)."),
+    tp_overlap: bool = typer.Option(False, "--tp-overlap", help="Tensor-parallel collectives pipelined with the GEMMs "
+                                    "(Megatron-Core's --tp-comm-overlap, torchtitan's async TP)."),
+    overlap_param_gather: bool = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2's parameter all-gather "
+                                              "hidden behind the next step's forward (Megatron-Core's flag)."),
+    sp: bool = typer.Option(None, "--sp/--no-sp", help="Fix sequence parallelism on or off (default: either, with tp > 1)."),
     precision: str = typer.Option(None, help="bf16, fp16 or fp32 (default bf16; --here: fp32)."),
     here: bool = typer.Option(False, "--here", help="Plan for this machine's CPU: --gpus ranks over gloo, as the "
                               "labs run without a GPU; measures them first (seconds), replaces --gpu."),
@@ -138,7 +148,7 @@ def plan(
 
     Enumerates dp x tp x pp x cp = gpus, ZeRO 0-3, recomputation and the
     micro-batch; drops what does not fit by the memory model; ranks the rest
-    by predicted step time: compute at --efficiency, the pipeline bubble and
+    by predicted step time: compute at the efficiency its matmul shapes reach, the pipeline bubble and
     each dimension's communication over the link it crosses. Assumptions and
     formulas: plscale/predict/plan.py and step_time.py.
     """
@@ -163,7 +173,7 @@ def plan(
         raise UserError("--machine gives this machine's figures: use it with --here.")
     else:
         cluster = find_gpu(gpu, memory, peak_tflops, intra_gbs, inter_gbs, gpus_per_node)
-    efficiency = (1.0 if here else 0.5) if efficiency is None else efficiency
+    efficiency = 1.0 if here and efficiency is None else efficiency
     precision = ("fp32" if here else "bf16") if precision is None else precision
     if recompute is not None and recompute not in planner.RECOMPUTE:
         raise UserError(f"--recompute {recompute!r}: use {', '.join(planner.RECOMPUTE)}.")
@@ -177,14 +187,14 @@ def plan(
         raise UserError(f"--top {top}: print at least 1.")
     global_batch = max(1, 2**22 // seq) if global_batch is None else global_batch
     fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero, "recompute": recompute,
-                                      "micro_batch": micro_batch, "virtual": virtual}.items()
+                                      "micro_batch": micro_batch, "virtual": virtual, "sp": sp}.items()
                   if v is not None)
     if activations not in ("plscale", "megatron"):
         raise UserError(f"--activations {activations!r}: use plscale or megatron.")
     if activations == "megatron" and recompute == "deepspeed":
         raise UserError("--activations megatron --recompute deepspeed: Megatron's count knows none, selective, full.")
     job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here,
-                      activations=activations)
+                      activations=activations, tp_overlap=tp_overlap, gather_overlap=overlap_param_gather)
     result = planner.plan(job, cluster)
     usable = result.usable
     if not result.ranked:
@@ -209,7 +219,8 @@ def plan(
             "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
             "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
                     "activations": activations,
-                    "efficiency": efficiency, "headroom": headroom, "fixed": dict(fixed)},
+                    "efficiency": efficiency, "tp_overlap": tp_overlap, "overlap_param_gather": overlap_param_gather,
+                    "headroom": headroom, "fixed": dict(fixed)},
             **({"machine": measured.to_dict()} if measured else {}),
             "considered": result.considered, "fitting": len(result.ranked),
             "candidates": [c.to_dict() for c in shown], "assumptions": ASSUMPTIONS}, indent=2))
@@ -221,7 +232,8 @@ def plan(
     where = (f"this machine, {escape(cluster.name)}" if cluster.cores else
              f"{gpus} x {escape(cluster.name)} ({nodes} node{'s' if nodes > 1 else ''})")
     table = Table(title=f"plan: {escape(name)} ({size}) on {where}, seq {seq}, global batch {global_batch} "
-                        f"({step_tokens} tokens), {precision}, efficiency {efficiency:g}"
+                        f"({step_tokens} tokens), {precision}, "
+                        f"{f'efficiency {efficiency:g}' if efficiency else 'efficiency by matmul shape'}"
                         f"{', activations as Megatron-LM keeps them' if activations == 'megatron' else ''}",
                   title_justify="left")
     for column in ("#", "dp", "tp", "pp", "cp", "v", "zero", "recompute", "micro x m", "GiB/GPU", "step (s)",
@@ -230,7 +242,7 @@ def plan(
     for i, c in enumerate(shown):
         why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
         memory = f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}"   # CPU ranks' small models
-        table.add_row(str(i + 1), str(c.dp), str(c.tp), str(c.pp), str(c.cp), str(c.virtual), str(c.zero),
+        table.add_row(str(i + 1), str(c.dp), f"{c.tp}{' sp' if c.sp else ''}", str(c.pp), str(c.cp), str(c.virtual), str(c.zero),
                       c.recompute, f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}",
                       f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", escape(why))
     console.print(table)
@@ -241,7 +253,7 @@ def plan(
                   f"{gib(usable):.1f} GiB ({gib(cluster.memory):.1f} GiB less {headroom:.0%}); "
                   f"{'all' if every else 'the best of each dp x tp x pp x cp'} shown in ranked order (ties within 1%: fewer "
                   f"model-parallel ranks, then less memory first). v: model chunks "
-                  f"per pipeline rank (interleaved 1F1B when > 1); micro x m: sequences per micro-batch x "
+                  f"per pipeline rank (interleaved 1F1B when > 1); sp: sequence parallelism; micro x m: sequences per micro-batch x "
                   f"micro-batches per step.", highlight=False)
     for line in run_it(name, result.ranked, seq, precision, cluster.gpus_per_node, bool(cluster.cores)):
         console.print(line, highlight=False, soft_wrap=True)

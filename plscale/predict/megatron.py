@@ -17,6 +17,9 @@ activations and 1-byte dropout masks (the paper's table 2):
     tensor + sequence + selective        sbh/t 34
     full recomputation                   2sbh (the layer's input; /t with sequence parallelism)
 
+The paper's attention writes its scores (ModelConfig.attention "math"); flash attention (the default,
+"fused", as Megatron-Core runs it through Transformer Engine) keeps none, so its layers keep the
+selective rows' bytes without recomputing anything (its few bytes of softmax statistics not counted).
 The 34 is 10 + 24 with the paper's MLP of 4h: its 16sbh are 4 of the MLP's 2 x 4h-wide tensors
 (Megatron's theoretical_memory_usage.py writes the sequence-parallel, selective row as
 sbh (18 + 4f/h)/t for an MLP of width f). The 5as/h is the attention's scores, softmax and its
@@ -42,6 +45,8 @@ def layer_bytes(c: ModelConfig, seq: int, micro: int, tp: int = 1, sp: bool = Fa
     if sp and tp == 1:
         raise PredictionError("sp", sp, ": sequence parallelism splits over the tensor-parallel group: tp >= 2.")
     sbh, t, scores = seq * micro * c.hidden, tp, 5 * c.heads * seq / c.hidden
+    if c.attention != "math":   # flash attention keeps no scores: only the softmax statistics, s a head
+        scores = 0.0
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
     mlp = 4 * c.ffn / c.hidden          # 16 at f = 4h

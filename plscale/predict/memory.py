@@ -86,6 +86,7 @@ the ranks ZeRO shards over, whatever cp is: give dp x cp.
 """
 
 from dataclasses import asdict, dataclass, field
+from functools import cache
 
 from plscale.dsconfig.valid import zero_settings
 from plscale.predict import megatron
@@ -262,7 +263,13 @@ def _whole_tensors(s: Setup, psi: float) -> list | None:
     if s.stage not in (1, 2) or s.model is None or s.tp != 1 or s.pp != 1 or s.dp < 2:
         return None
     sizes = tensor_sizes(s.model)
-    return [BYTES[s.precision] * h for h in held_elements(sizes, s.dp)] if sum(sizes) == psi else None
+    return [BYTES[s.precision] * h for h in _held(tuple(sizes), s.dp)] if sum(sizes) == psi else None
+
+
+@cache
+def _held(sizes: tuple, n: int) -> tuple:
+    """held_elements, once for each model and N (the planner asks for every candidate of a layout)."""
+    return tuple(held_elements(list(sizes), n))
 
 
 def _deepspeed_terms(s: Setup, psi: float) -> list[Term]:

@@ -12,8 +12,8 @@ dp x cp = 1: nothing to shard over; 0-1 with pp > 1: DeepSpeed's pipeline engine
 ZeRO-2/3, Megatron's distributed optimizer is ZeRO-1), recomputation none/selective/full, the
 micro-batch b (divides B/dp; m = B/(dp b) micro-batches a step, at least pp with pp > 1), and
 for pp > 1 the interleaved schedule's v chunks a rank (v divides the stage's layers, pp divides m).
-Sequence parallelism is on whenever tp > 1 and s/cp splits over tp (same bytes as TP alone,
-a t-th of the norms' activations: Korthikanti et al. 2022).
+Sequence parallelism, on or off, wherever tp > 1 and s/cp splits over tp (same bytes as TP alone,
+a t-th of the norms' activations: Korthikanti et al. 2022; BLOOM trained without it).
 
 Memory per GPU: plscale.predict.memory.estimate (model states, ZeRO over dp x cp ranks, and
 activations; 1F1B's first stage holds pp micro-batches of L/pp layers, the whole model's worth).
@@ -22,7 +22,8 @@ Interleaving (v chunks) holds step_time.in_flight_ratio times 1F1B's activations
 A configuration fits when it needs at most (1 - headroom) of the GPU's memory (default 10 % kept
 for the allocator's fragmentation, communication buffers and the CUDA context).
 
-Step time: plscale.predict.step_time (compute at the stated efficiency, the pipeline bubble, and each
+Step time: plscale.predict.step_time (compute at the stated efficiency or, by default, the one the
+layout's matmul shapes reach on the GPU (plscale.predict.matmul), the pipeline bubble, and each
 dimension's communication over the link it crosses; the slowest stage sets the pace).
 MFU = model FLOPs (presets.flops_per_token, no recomputation) / (step time x gpus x peak).
 Ranking (`rank`): by step time; then, walking down that order, every candidate within 1 % of the
@@ -62,13 +63,16 @@ class Job:
     seq: int
     global_batch: int          # sequences per optimizer step
     precision: str = "bf16"
-    efficiency: float = 0.5    # fraction of the peak FLOP/s the matmuls reach
+    efficiency: float | None = None   # fraction of the peak FLOP/s the compute reaches; None: the layer's
+                               # at each candidate's shapes (step_time.efficiency, matmul.py)
     headroom: float = HEADROOM
     fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, zero, recompute,
-                               # micro_batch, virtual
+                               # micro_batch, virtual, sp
     overlap: bool = True       # communication hides behind compute where the module doc says (False: CPU
                                # ranks, where gloo's threads and the matmuls share the same cores)
     activations: str = "plscale"   # whose activation count (memory.py): plscale's Llama's or Megatron-LM's
+    tp_overlap: bool = False   # TP collectives pipelined with the GEMMs (Megatron-Core's --tp-comm-overlap)
+    gather_overlap: bool = False   # ZeRO's parameter all-gather behind the next forward (--overlap-param-gather)
 
     def allows(self, **values) -> bool:
         return all(values.get(k, v) == v for k, v in self.fixed)
@@ -87,7 +91,7 @@ class Job:
                                   f"405B: 2,048 sequences of 8,192, 16M tokens).", show=f"{self.global_batch:,}")
         if self.precision not in BYTES:
             raise PredictionError("precision", self.precision, ": use bf16, fp16 or fp32.")
-        if not 0 < self.efficiency <= 1:
+        if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise PredictionError("efficiency", self.efficiency, ": a fraction of the peak, above 0 and at most 1.")
         if not 0 <= self.headroom < 1:
             raise PredictionError("headroom", self.headroom, ": a fraction of the GPU's memory, 0 to below 1.")
@@ -262,7 +266,8 @@ def plan(job: Job, gpu: GPU) -> Plan:
     tokens = job.global_batch * job.seq
     model_flops = flops_per_token(job.model, job.seq) * tokens
     for dp, tp, pp, cp, stage_layers in layouts(job, gpu):
-        sp = tp > 1 and (job.seq // cp) % tp == 0
+        splits = tp > 1 and (job.seq // cp) % tp == 0
+        sp_options = [sp for sp in ((True, False) if splits else (False,)) if job.allows(sp=sp)]
         per_replica = job.global_batch // dp
         for micro_batch in divisors(per_replica):
             m = per_replica // micro_batch
@@ -270,7 +275,7 @@ def plan(job: Job, gpu: GPU) -> Plan:
                 continue
             chunks = [v for v in divisors(stage_layers) if v == 1 or m % pp == 0] if pp > 1 else [1]
             chunks = [v for v in chunks if job.allows(virtual=v)]
-            for zero, recompute in product(zero_stages(dp, cp, pp), RECOMPUTE):
+            for zero, recompute, sp in product(zero_stages(dp, cp, pp), RECOMPUTE, sp_options):
                 if not job.allows(zero=zero, recompute=recompute):
                     continue
                 setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0),
@@ -319,7 +324,7 @@ def why_faster(a: Candidate, b: Candidate) -> str:
     """Why a comes before b: a tie (and what broke it), or the term that differs most in a's favour."""
     names = {"micro_batch": "micro-batch", "virtual": "v"}
     changed = ", ".join(f"{names.get(k, k)} {getattr(a, k)} vs {getattr(b, k)}" for k in
-                        ("dp", "tp", "pp", "cp", "zero", "recompute", "micro_batch", "virtual")
+                        ("dp", "tp", "pp", "cp", "sp", "zero", "recompute", "micro_batch", "virtual")
                         if getattr(a, k) != getattr(b, k)) or "same layout"
     if a.tie == b.tie:
         fewer = model_parallel_ranks(a) < model_parallel_ranks(b)

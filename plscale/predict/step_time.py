@@ -8,7 +8,11 @@ the one with the most compute + tp + cp sets every term.
 
   compute   the stage's FLOPs (recompute.step_flops: 6 per weight per token, attention, what
             recomputation reruns; the head's on the last stage) x tokens x pp / (gpus x peak x
-            efficiency), `compute_seconds`: each GPU of a stage does 1 / (dp tp cp) of the stage's work;
+            efficiency), `compute_seconds`: each GPU of a stage does 1 / (dp tp cp) of the stage's work.
+            The efficiency is the job's where it states one, else the layer's at the candidate's
+            per-GPU shapes (`efficiency`: matmul.layer_efficiency, the GEMMs at the GPU's measured best
+            rate, tile and wave quantization, flash or materialised attention, memory-bound
+            elementwise work), 0.5 on a GPU whose matmul figures are not known;
             plus, where it was measured (CPU ranks: `GPU.layer_overhead_us`), a layer's fixed cost
             for each of its layers and micro-batches, which tp and cp do not divide
   bubble    the pipelined work (compute + tp + pp + cp) x f / (1 - f),
@@ -25,7 +29,9 @@ the one with the most compute + tp + cp sets every term.
             micro-batch; the embedding's on the first stage, the head's and the loss's on the
             last), on the critical path, not overlapped. Full recomputation reruns each layer's
             forward, its forward collectives too (x 2 for those); selective recomputation reruns
-            only the attention core, which lies between f and g and needs no collective
+            only the attention core, which lies between f and g and needs no collective. With the job's
+            tp_overlap (Megatron-Core's --tp-comm-overlap: each collective split into chunks pipelined
+            with the GEMM beside it), only what the stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes
             (Ψ = memory.rank_params), issued a layer at a time (buckets, FSDP units): stage 0 one
             all-reduce a step; 1 a reduce-scatter and an all-gather a step; 2 a reduce-scatter a
@@ -33,7 +39,8 @@ the one with the most compute + tp + cp sets every term.
             backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
             reductions hide behind the backward of their micro-batch (backward and recomputation),
             ZeRO-3's forward gathers behind its forward; the parameter all-gather after the
-            optimizer step (stages 1-2) is exposed
+            optimizer step (stages 1-2) is exposed, unless the job's gather_overlap (Megatron-Core's
+            --overlap-param-gather) hides it behind the next step's first forward
   pp        point-to-point, per micro-batch and chunk boundary an activation forward and a
             gradient backward of b (s/cp) h e bytes, / tp (Megatron's scatter-gather: Narayanan
             et al. 2021 sec. 4.1); not overlapped
@@ -51,9 +58,9 @@ the one with the most compute + tp + cp sets every term.
 Collectives (`collective_seconds`): bytes x busbw.bus_factor(op, n) / bandwidth + latency steps
 x a step's latency. The bandwidth is the link's (below), or inside a node an op's own where it
 was measured (`GPU.collective_gbs`: gloo's reduce-scatter and all-gather on CPU ranks). Latency
-steps: the fewer of a ring's (n - 1 a phase) and a tree's (log2 n a phase; an all-reduce has
-two phases): NCCL picks tree, NVLS or PAT algorithms at scale, whose latency grows as log n (an
-assumption; its tuner's real choice depends on size and topology).
+steps: an all-reduce takes the fewer of a ring's (n - 1 a phase, two phases) and a tree's (log2 n a
+phase): NCCL switches to its tree at scale. An all-gather or a reduce-scatter runs as a ring, n - 1
+steps: NCCL has no tree for them, and its PAT algorithm (log n) serves only one GPU a node.
 
 Links (`link`): ranks are laid out as Megatron orders them, tp fastest, then cp, dp, pp. A group
 of n ranks `stride` apart stays on NVLink when every such group lies inside one node (span n x
@@ -76,6 +83,7 @@ from math import ceil, gcd, log2
 from plscale.predict.busbw import bus_factor
 from plscale.predict.cluster import GPU
 from plscale.predict.context_parallel import check_split, chunks, pair_work, ring_bytes
+from plscale.predict.matmul import layer_efficiency
 from plscale.predict.memory import BYTES, Setup, rank_params
 from plscale.predict.pipeline import bubble_fraction, in_flight
 from plscale.predict.presets import ModelConfig
@@ -87,16 +95,20 @@ TERMS = ("compute", "bubble", "tp", "dp", "pp", "cp", "optimizer")
 LABELS = {"compute": "compute", "bubble": "pipeline bubble", "tp": "tensor-parallel comm",
           "dp": "data-parallel comm", "pp": "pipeline p2p", "cp": "context-parallel ring",
           "optimizer": "optimizer step"}
+UNKNOWN_EFFICIENCY = 0.5   # a GPU without matmul figures (cluster.GPU.mamf, sms, hbm_gbs): a stated assumption
 # bytes an elementwise AdamW moves a parameter: reads the fp32 master, gradient and two moments,
 # writes the master and the moments back (7 x 4 B; fused and foreach kernels touch each once)
 ADAM_BYTES = 28
 
 
 def latency_steps(op: str, n: int) -> int:
-    """Latency steps of one collective over n ranks: min(ring n - 1, tree ceil(log2 n)) a phase."""
+    """Latency steps of one collective over n ranks: an all-reduce's min(ring, tree) for each of its two
+    phases, ring n - 1 for the others (module doc)."""
     if n <= 1:
         return 0
-    return (2 if op == "all_reduce" else 1) * min(n - 1, ceil(log2(n)))
+    if op == "all_reduce":
+        return 2 * min(n - 1, ceil(log2(n)))
+    return n - 1
 
 
 def collective_seconds(op: str, nbytes: float, n: int, link: tuple[float, float], calls: int = 1) -> float:
@@ -206,7 +218,7 @@ def _causal_scores(seq: int, cp: int) -> int:
     return sum(pair_work(i, j, size) for i in chunks(cp, 0, "zigzag") for j in range(2 * cp))
 
 
-def cp_seconds_a_layer(job, gpu: GPU, c) -> float:
+def cp_seconds_a_layer(job, gpu: GPU, c, rate: float) -> float:
     """Exposed ring-attention seconds of one layer a step (module doc)."""
     model, e = job.model, ELEMENT_BYTES[job.precision]
     ring = ring_bytes(c.micro_batch, job.seq, c.cp, model.kv_heads // c.tp, model.head_dim, e)
@@ -214,8 +226,17 @@ def cp_seconds_a_layer(job, gpu: GPU, c) -> float:
     bandwidth, latency = p2p_link(gpu, c.cp, c.tp)
     hops = (ring.total + rerun * ring.forward) / bandwidth + (1 + rerun) * (3 * (c.cp - 1) + 1) * latency
     forward = 4 * model.head_dim * _causal_scores(job.seq, c.cp) * (model.heads // c.tp) * c.micro_batch
-    window = compute_seconds((3 + rerun) * forward, 1, gpu, job.precision, job.efficiency) if job.overlap else 0.0
+    window = compute_seconds((3 + rerun) * forward, 1, gpu, job.precision, rate) if job.overlap else 0.0
     return c.micro_batches * max(0.0, hops - window)
+
+
+def efficiency(job, gpu: GPU, c) -> float:
+    """The fraction of the peak a candidate's compute reaches: the job's, else its layer's (module doc)."""
+    if job.efficiency is not None:
+        return job.efficiency
+    if not (gpu.mamf and gpu.sms and gpu.hbm_gbs):
+        return UNKNOWN_EFFICIENCY
+    return layer_efficiency(gpu, job.model, job.seq, c.micro_batch, c.tp, c.cp, c.sp, job.precision)
 
 
 def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
@@ -225,13 +246,16 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     layer_fwd = layer_forward_flops(model, job.seq)
     head = 3 * (flops.forward - model.layers * layer_fwd)
     layer = 3 * layer_fwd + flops.recompute / model.layers
-    per_flop = compute_seconds(job.global_batch * job.seq * c.pp, job.gpus, gpu, job.precision, job.efficiency)
-    cp_layer = cp_seconds_a_layer(job, gpu, c) if c.cp > 1 else 0.0
+    rate = efficiency(job, gpu, c)
+    per_flop = compute_seconds(job.global_batch * job.seq * c.pp, job.gpus, gpu, job.precision, rate)
+    cp_layer = cp_seconds_a_layer(job, gpu, c, rate) if c.cp > 1 else 0.0
     paced = {}
     for name, (layers, first, last) in stages(model.layers, c.pp, heaviest).items():
         compute = (layers * layer + last * head) * per_flop + m * layers * gpu.layer_overhead_us * 1e-6
         paced[name] = (compute, tp_seconds(job, gpu, c, layers, first, last), layers * cp_layer, layers)
     compute, tp, cp, layers = max(paced.values(), key=lambda t: t[0] + t[1] + t[2])
+    if job.tp_overlap:
+        tp = max(0.0, tp - compute)
 
     per_micro = compute / m if job.overlap else 0.0
     backward_window = per_micro * (flops.backward + flops.recompute) / flops.total
@@ -242,13 +266,14 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
         def ring(op):
             return collective_seconds(op, grads, n, link(gpu, n, c.tp, op), calls=layers)
         scatter, gather = ring("reduce_scatter"), ring("all_gather")
+        after_step = max(0.0, gather - forward_window) if job.gather_overlap else gather
         if c.zero == 0:   # an all-reduce: a reduce-scatter and an all-gather's bytes, at its own rate
             dp = max(0.0, collective_seconds("all_reduce", grads, n, link(gpu, n, c.tp), calls=layers)
                      - backward_window)
         elif c.zero == 1:
-            dp = max(0.0, scatter - backward_window) + gather
+            dp = max(0.0, scatter - backward_window) + after_step
         elif c.zero == 2:
-            dp = m * max(0.0, scatter - backward_window) + gather
+            dp = m * max(0.0, scatter - backward_window) + after_step
         else:
             dp = m * (max(0.0, gather - forward_window) + max(0.0, gather + scatter - backward_window))
 

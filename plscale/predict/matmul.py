@@ -1,0 +1,164 @@
+"""How fast a GPU runs one transformer layer at the shapes a layout gives it: the planner's compute
+efficiency, from the matmuls' shapes instead of one figure for every layout.
+
+Host-side and pure. One layer's forward and backward on one GPU, for a micro-batch of b sequences
+of s tokens (s / cp on a context-parallel rank) on a tensor-parallel rank of t:
+
+  matmuls    each GEMM of the layer on its per-GPU shape, an (m x k) @ (k x n) of 2mnk FLOPs
+             (r = b s / cp rows; a Llama: q, k, v r x h -> (h + 2 d_kv)/t, o r x h/t -> h, gate and
+             up r x h -> 2f/t, down r x f/t -> h; GPT-2's block: one up r x h -> f/t), and backward the
+             two GEMMs of each (the input's gradient: m x n by n x k; the weight's: k x m by m x n),
+             each at
+
+                 peak x mamf x TYPICAL x waves(m, n) x min(1, intensity x HBM / (peak x mamf))
+
+             mamf: the fraction of the dense peak the best large GEMM reaches (cluster.GPU.mamf,
+             ml-engineering's MAMF table, its best shape found by search); TYPICAL 0.85: ordinary
+             shapes reach 80-90 % of it (ml-engineering: a sweep over m at n = k = 4096 "should give
+             around 80-90% of the maximum achievable result"; that sweep's own waves are counted twice
+             here, a few percent on large GEMMs). waves: cuBLAS splits the output into tiles of 128 x 256
+             and runs them on the S streaming multiprocessors a wave at a time; the last wave's idle
+             SMs and a tile's unused edge are lost, useful m n / (128 x 256 x S x ceil(tiles / S))
+             (NVIDIA's "Matrix Multiplication Background" guide: tile and wave quantization).
+             The roofline (roofline.py) bounds a thin GEMM by its bytes.
+  attention  the core, q k^T and p v over the rank's heads. Flash attention (ModelConfig.attention
+             "fused", the default) computes the causal half of those FLOPs at the GPU's flash rate
+             (cluster.GPU.flash: FlashAttention-2 and -3's published fractions of the peak) and keeps
+             no scores; "math" (Megatron-LM until 2022) computes every score as a batch of GEMMs
+             (s/cp x d by d x s, then s/cp x s by s x d) at the GEMM rate above, and writes them.
+  elementwise  norms, activations, residuals, dropout, the softmax: memory-bound. Their bytes are
+             the layer's activations as Megatron-LM counts them (megatron.layer_bytes, 16-bit; the
+             scores only under "math"), A: forward writes them and reads them back (2A), backward
+             reads them and the incoming gradient and writes the outgoing one (3A), at the HBM
+             bandwidth.
+
+The layer's efficiency is its model FLOPs (forward + backward, causal-free, as presets.flops_per_token
+counts them) over peak x its seconds; step_time applies it to the step's FLOPs. Checked against
+Korthikanti et al. 2022, table 4 (one layer of the 22B model on A100s, tp 8: 7.7 ms forward, 11.9
+ms backward, tensor-parallel collectives included), in tests/test_matmul.py.
+
+Not modelled: kernels fused beyond one op (Transformer Engine's fused LayerNorm-GEMM), a GEMM's
+lower rate on dimensions that are not multiples of 64, caches, launch gaps, the SMs a concurrent
+collective takes.
+"""
+
+from dataclasses import dataclass
+from functools import cache
+from math import ceil
+
+from plscale.predict.cluster import GPU
+from plscale.predict.megatron import layer_bytes
+from plscale.predict.presets import ModelConfig
+from plscale.predict.tensor_parallel import ELEMENT_BYTES
+
+TILE = (128, 256)     # cuBLAS's usual output tile for 16-bit GEMMs on A100 and H100 (module doc)
+TYPICAL = 0.85        # ordinary shapes' share of the best GEMM's rate (module doc)
+
+
+def wave_efficiency(m: int, n: int, sms: int, batch: int = 1) -> float:
+    """Useful work over what the waves of 128 x 256 tiles occupy (module doc).
+
+    >>> round(wave_efficiency(128, 256, 132), 4)    # one tile: one SM busy, 131 idle
+    0.0076
+    >>> wave_efficiency(128 * 12, 256 * 11, 132)     # 132 tiles: one full wave
+    1.0
+    """
+    tiles = ceil(m / TILE[0]) * ceil(n / TILE[1]) * batch
+    return m * n * batch / (TILE[0] * TILE[1] * sms * ceil(tiles / sms))
+
+
+def gemm_seconds(gpu, m: int, n: int, k: int, precision: str = "bf16", batch: int = 1) -> float:
+    """Seconds of `batch` (m x k) @ (k x n) GEMMs on one GPU (module doc); gpu: a GPU or its _Figures."""
+    flops = 2 * m * n * k * batch
+    best = (gpu.peak(precision) if isinstance(gpu, GPU) else gpu.peak) * gpu.mamf * TYPICAL
+    e = ELEMENT_BYTES[precision]
+    intensity = 2 * m * n * k / (e * (m * k + k * n + m * n))
+    roof = min(1.0, intensity * gpu.hbm_gbs * 1e9 / best)
+    return flops / (best * wave_efficiency(m, n, gpu.sms, batch) * roof)
+
+
+def _forward_and_backward(gpu, m: int, n: int, k: int, precision: str, batch: int = 1) -> tuple[float, float]:
+    """A GEMM's forward seconds, and its backward's: the input's gradient and the weight's."""
+    return (gemm_seconds(gpu, m, n, k, precision, batch),
+            gemm_seconds(gpu, m, k, n, precision, batch) + gemm_seconds(gpu, k, n, m, precision, batch))
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds of one layer a micro-batch on one GPU, by part (module doc)."""
+    matmul_forward: float
+    matmul_backward: float
+    attention_forward: float
+    attention_backward: float
+    elementwise_forward: float
+    elementwise_backward: float
+    model_flops: float          # forward + backward, causal-free (presets.flops_per_token's count)
+
+    @property
+    def forward(self) -> float:
+        return self.matmul_forward + self.attention_forward + self.elementwise_forward
+
+    @property
+    def backward(self) -> float:
+        return self.matmul_backward + self.attention_backward + self.elementwise_backward
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def layer_time(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
+               sp: bool = False, precision: str = "bf16") -> LayerTime:
+    """One decoder layer's forward and backward on one GPU (module doc)."""
+    figures = _Figures(gpu.name, gpu.peak(precision), gpu.mamf, gpu.sms, gpu.hbm_gbs, gpu.flash)
+    return _layer_time(figures, model, seq, micro_batch, tp, cp, sp, precision)
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """What the model reads of a GPU, hashable (GPU holds dicts) for the cache."""
+    name: str
+    peak: float
+    mamf: float
+    sms: int
+    hbm_gbs: float
+    flash: float
+
+
+@cache
+def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, tp: int, cp: int, sp: bool,
+                precision: str) -> LayerTime:
+    rows, h, f = micro_batch * seq // cp, model.hidden, model.ffn
+    up = f if model.family == "gpt2" else 2 * f
+    gemms = [(rows, (h + 2 * model.kv_dim) // tp, h), (rows, h, h // tp), (rows, up // tp, h), (rows, h, f // tp)]
+    forward = backward = 0.0
+    for m, n, k in gemms:
+        fwd, bwd = _forward_and_backward(gpu, m, n, k, precision)
+        forward, backward = forward + fwd, backward + bwd
+    heads, d, local = model.heads // tp, model.head_dim, seq // cp
+    flash = model.attention != "math"
+    if flash:    # the causal half of 4 s d FLOPs a token a head forward, twice that backward
+        core = 4 * micro_batch * local * seq * heads * d / 2 / (gpu.peak * gpu.flash)
+        attention = (core, 2 * core)
+    else:
+        scores = _forward_and_backward(gpu, local, seq, d, precision, micro_batch * heads)
+        mixed = _forward_and_backward(gpu, local, d, seq, precision, micro_batch * heads)
+        attention = (scores[0] + mixed[0], scores[1] + mixed[1])
+    kept = layer_bytes(model, local, micro_batch, tp, sp, "selective" if flash else "none")
+    hbm = gpu.hbm_gbs * 1e9
+    flops = 3 * rows * (2 * sum(m_n_k[1] * m_n_k[2] for m_n_k in gemms) + 4 * seq * heads * d)
+    return LayerTime(forward, backward, *attention, 2 * kept / hbm, 3 * kept / hbm, flops)
+
+
+def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
+                     sp: bool = False, precision: str = "bf16") -> float:
+    """Model FLOPs of a layer's forward and backward over peak x its seconds: the fraction of the dense
+    peak the layout's compute reaches (module doc).
+
+    >>> from plscale.predict.cluster import GPUS
+    >>> from plscale.predict.presets import PRESETS
+    >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1), 2)
+    0.68
+    """
+    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision)
+    return t.model_flops / (gpu.peak(precision) * t.total)
