@@ -323,7 +323,9 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 def why_faster(a: Candidate, b: Candidate) -> str:
     """Why a comes before b: a tie (and what broke it), or the term that differs most in a's favour."""
     names = {"micro_batch": "micro-batch", "virtual": "v"}
-    changed = ", ".join(f"{names.get(k, k)} {getattr(a, k)} vs {getattr(b, k)}" for k in
+    def shown(value):
+        return ("on" if value else "off") if isinstance(value, bool) else value
+    changed = ", ".join(f"{names.get(k, k)} {shown(getattr(a, k))} vs {shown(getattr(b, k))}" for k in
                         ("dp", "tp", "pp", "cp", "sp", "zero", "recompute", "micro_batch", "virtual")
                         if getattr(a, k) != getattr(b, k)) or "same layout"
     if a.tie == b.tie:
