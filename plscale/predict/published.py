@@ -38,8 +38,8 @@ from plscale.predict.errors import PredictionError
 from plscale.predict.presets import PRESETS, ModelConfig
 
 # The MFU the decks quote for a large, well-run job (slides 01 and 04): Llama 3 405B's pre-training ran at
-# 38-43 % BF16 MFU on 8K-16K H100s (Grattafiori et al. 2024, table 4, above). The planner's efficiency
-# (plan.Job.efficiency, 0.5) is its own stated assumption, not this figure.
+# 38-43 % BF16 MFU on 8K-16K H100s (Grattafiori et al. 2024, table 4, above). The planner's efficiency is
+# its own model's (plscale.predict.matmul), not this figure.
 LLAMA3_MFU = 0.40
 
 # Failures at scale (slides 11 and 12): Llama 3's pre-training saw 419 unexpected interruptions in a
