@@ -27,7 +27,9 @@ For each run:
             his own layouts on purpose: its ZeRO-3 rows are shown, not counted.
 
 The planner's memory uses Megatron-LM's activation count (plscale.predict.megatron) for every run, the
-bf16 precision every one trained in, and the default 10% headroom.
+bf16 precision every one trained in, the default 10% headroom, and the gradients of the run's optimizer
+(the `optimizer` column, memory.py: Megatron-Core's fp32 main gradients, BLOOM's BF16_Optimizer, 16-bit
+gradients for the others).
 Targets (issue 38): pinned step |ratio - 1| median <= 10%, worst <= 30%; memory within 20% where
 published, every run fitting; the published layout in the top 5 for at least 80% of the runs.
 """
@@ -87,7 +89,7 @@ def published_step(row: dict, model: ModelConfig) -> float:
 def job_of(row: dict, model: ModelConfig, fixed: tuple) -> Job:
     return Job(model, int(row["gpus"]), int(row["seq"]), int(row["global_batch"]), fixed=fixed,
                activations="megatron", tp_overlap=row["tp_overlap"] == "yes",
-               gather_overlap=row["gather_overlap"] == "yes")
+               gather_overlap=row["gather_overlap"] == "yes", optimizer=row["optimizer"])
 
 
 def validate(row: dict) -> dict:

@@ -9,6 +9,8 @@ import pytest
 from conftest import run_cli
 from plscale.predict import megatron
 from plscale.predict.cluster import GPUS
+from plscale.predict.errors import PredictionError
+from plscale.predict.memory import Setup, estimate
 from plscale.predict.plan import Job, plan
 from plscale.predict.presets import ModelConfig
 
@@ -79,3 +81,19 @@ def test_estimate_memory_prints_megatrons_count_and_refuses_what_it_does_not_kno
     assert bad.returncode == 2 and "Megatron's activation model knows none, selective" in bad.stderr, bad.stderr
     negative = run_cli("estimate", "memory", "--model", "7b", "--stage", "3", "--persistence-threshold", "-5")
     assert negative.returncode == 2 and "--persistence-threshold -5: use 0" in negative.stderr, negative.stderr
+
+
+def test_gradients_of_megatrons_optimizer_and_deepspeeds_bf16_optimizer():
+    """Megatron-LM's docs (api-guide/dist_optimizer.md): with 16-bit weights and fp32 gradients a parameter
+    costs 18 bytes, 6 + 12/d with the distributed optimizer over d ranks. DeepSpeed's BF16_Optimizer
+    (bf16_optimizer.py) keeps the 16-bit gradients and a flat fp32 buffer of every parameter's
+    (fp32_groups_gradients_flat), and shards its master and moments: 2 + 2 + 4 + 12/d."""
+    psi, d = 1_000_000_000, 8
+    for stage, per_param in ((0, 18), (1, 6 + 12 / d)):
+        states = estimate(Setup(params=psi, stage=stage, dp=d, optimizer="megatron"))
+        assert sum(t.device for t in states.terms) == pytest.approx(per_param * psi)
+    bf16 = estimate(Setup(params=psi, stage=1, dp=d, optimizer="bf16-optimizer"))
+    assert sum(t.device for t in bf16.terms) == pytest.approx((2 + 2 + 4 + 12 / d) * psi)
+    for bad in (Setup(params=psi, stage=2, dp=d, optimizer="megatron"), Setup(params=psi, optimizer="adam")):
+        with pytest.raises(PredictionError, match="optimizer"):
+            estimate(bad)

@@ -17,6 +17,7 @@ from plscale.predict import plan as planner
 from plscale.predict.cluster import GPUS, find_gpu
 from plscale.predict.presets import PRESETS, ModelConfig, param_count
 from plscale.predict.published import SHAPES, model_shape
+from plscale.predict.setup import OPTIMIZERS
 from plscale.predict.units import gib
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -125,6 +126,9 @@ def plan(
                                  "(its \"machine\"), instead of measuring again."),
     activations: str = typer.Option("plscale", help="Whose activation count: plscale (its Llama's, measured by the "
                                     "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022: for Megatron layouts)."),
+    optimizer: str = typer.Option("deepspeed", help="Whose gradients the memory counts: deepspeed (16-bit, ZeRO's "
+                                  "rules), megatron (fp32 main gradients, its distributed optimizer as ZeRO-1) or "
+                                  "bf16-optimizer (DeepSpeed's BF16_Optimizer: 16-bit and fp32); the last two take ZeRO 0-1."),
     headroom: float = typer.Option(planner.HEADROOM, help="Fraction of GPU memory kept free (fragmentation, buffers)."),
     top: int = typer.Option(5, help="Candidates to print."),
     every: bool = typer.Option(False, "--all", help="Every configuration, not only the best of each dp x tp x pp x cp."),
@@ -189,12 +193,18 @@ def plan(
     fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero, "recompute": recompute,
                                       "micro_batch": micro_batch, "virtual": virtual, "sp": sp}.items()
                   if v is not None)
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"--optimizer {optimizer!r}: use {', '.join(OPTIMIZERS)}.")
+    if optimizer != "deepspeed" and zero is not None and zero > 1:
+        raise UserError(f"--optimizer {optimizer} --zero {zero}: it shards the optimizer states only (ZeRO 0 or 1); "
+                        f"use --zero 0 or 1, or --optimizer deepspeed.")
     if activations not in ("plscale", "megatron"):
         raise UserError(f"--activations {activations!r}: use plscale or megatron.")
     if activations == "megatron" and recompute == "deepspeed":
         raise UserError("--activations megatron --recompute deepspeed: Megatron's count knows none, selective, full.")
     job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here,
-                      activations=activations, tp_overlap=tp_overlap, gather_overlap=overlap_param_gather)
+                      activations=activations, tp_overlap=tp_overlap, gather_overlap=overlap_param_gather,
+                      optimizer=optimizer)
     result = planner.plan(job, cluster)
     usable = result.usable
     if not result.ranked:
@@ -219,7 +229,7 @@ def plan(
             "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
             "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
                     "activations": activations,
-                    "efficiency": efficiency, "tp_overlap": tp_overlap, "overlap_param_gather": overlap_param_gather,
+                    "efficiency": efficiency, "optimizer": optimizer, "tp_overlap": tp_overlap, "overlap_param_gather": overlap_param_gather,
                     "headroom": headroom, "fixed": dict(fixed)},
             **({"machine": measured.to_dict()} if measured else {}),
             "considered": result.considered, "fitting": len(result.ranked),

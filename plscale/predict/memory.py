@@ -58,6 +58,17 @@ micro-batches accumulate:
     Given the shape (tp = pp = 1), the parameters term adds pΨ_persist, the sum of those
     tensors' elements; with parameter offload they stay on the device.
 
+Gradients by framework (`optimizer`), mixed precision at ZeRO stage 0 or 1 (1: the optimizer states
+sharded, Megatron's distributed optimizer):
+    deepspeed        the rules above: pΨ of 16-bit gradients
+    megatron         Megatron-LM keeps its gradients in an fp32 buffer for the data-parallel reduction
+                     (accumulate_allreduce_grads_in_fp32, on with bf16): 4Ψ, whole on every rank; its
+                     docs (api-guide/dist_optimizer.md) count 6 + 12/d bytes a parameter, 18 without d
+    bf16-optimizer   DeepSpeed's BF16_Optimizer (Megatron-DeepSpeed, BLOOM): the 16-bit gradients and a
+                     flat fp32 accumulation buffer of every parameter (bf16_optimizer.py,
+                     fp32_groups_gradients_flat), 2Ψ + 4Ψ whole; its fp32 master and moments sharded
+                     as ZeRO-1's
+
 `accounting="deepspeed"` reproduces DeepSpeed's estimate_zero2/3_model_states_mem_needs
 instead (device memory, mixed precision, stages 2 and 3, no accumulation): an fp32 gradient
 partition for the step besides the 16-bit one (stage 2: 2Ψ + 18Ψ/N), and at stage 3 the
@@ -235,8 +246,12 @@ def _persistent(s: Setup) -> int:
 
 
 def _gradients(s: Setup, psi: float) -> Term:
-    """Gradients at their peak, while micro-batches accumulate (rules 2, 3 and 5)."""
+    """Gradients at their peak, while micro-batches accumulate (rules 2, 3 and 5; `optimizer`)."""
     p, n, accumulating = BYTES[s.precision], s.dp, s.grad_accum > 1
+    if s.optimizer == "megatron":
+        return Term("gradients", 4 * psi, 0, "4Ψ fp32 (Megatron's grad buffer)")
+    if s.optimizer == "bf16-optimizer":
+        return Term("gradients", (p + 4) * psi, 0, f"{p}Ψ + 4Ψ fp32 (BF16_Optimizer's accumulation buffer)")
     full = s.stage == 0 or (s.stage == 1 and (accumulating or not s.reduce_in_backward))
     held = _whole_tensors(s, psi)
     edges = " (whole tensors at partition edges)" if held else ""

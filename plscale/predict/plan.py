@@ -73,6 +73,8 @@ class Job:
     activations: str = "plscale"   # whose activation count (memory.py): plscale's Llama's or Megatron-LM's
     tp_overlap: bool = False   # TP collectives pipelined with the GEMMs (Megatron-Core's --tp-comm-overlap)
     gather_overlap: bool = False   # ZeRO's parameter all-gather behind the next forward (--overlap-param-gather)
+    optimizer: str = "deepspeed"   # whose gradients the memory counts (memory.py): deepspeed, megatron (fp32
+                                   # main grads) or bf16-optimizer; the last two offer ZeRO 0-1 only
 
     def allows(self, **values) -> bool:
         return all(values.get(k, v) == v for k, v in self.fixed)
@@ -209,7 +211,7 @@ def memory_setup(job: Job, c: Candidate, stage_layers: int) -> Setup:
     return Setup(params=param_count(model), stage=c.zero, dp=c.dp * c.cp, precision=job.precision, tp=c.tp,
                  pp=c.pp, sp=c.sp, model=model, seq=job.seq, micro_batch=c.micro_batch, grad_accum=c.micro_batches,
                  recompute=c.recompute, cp=c.cp, persistence_threshold=0,   # FSDP and Megatron shard every tensor
-                 activations=job.activations, virtual=c.virtual)
+                 activations=job.activations, virtual=c.virtual, optimizer=job.optimizer)
 
 
 def zero_stages(dp: int, cp: int, pp: int) -> tuple[int, ...]:
@@ -275,7 +277,8 @@ def plan(job: Job, gpu: GPU) -> Plan:
                 continue
             chunks = [v for v in divisors(stage_layers) if v == 1 or m % pp == 0] if pp > 1 else [1]
             chunks = [v for v in chunks if job.allows(virtual=v)]
-            for zero, recompute, sp in product(zero_stages(dp, cp, pp), RECOMPUTE, sp_options):
+            stages = [z for z in zero_stages(dp, cp, pp) if job.optimizer == "deepspeed" or z <= 1]
+            for zero, recompute, sp in product(stages, RECOMPUTE, sp_options):
                 if not job.allows(zero=zero, recompute=recompute):
                     continue
                 setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0),

@@ -31,6 +31,7 @@ from plscale.predict.tensor_parallel import check_divisible
 STRATEGIES = ("none", "selective", "full", "deepspeed")  # the one list: Setup, the CLI, the ranks, the lab
 WHOLE_LAYER = ("full", "deepspeed")  # a recomputed layer keeps only its input
 CORES = ("fused", "math")
+OPTIMIZERS = ("deepspeed", "megatron", "bf16-optimizer")   # memory.py's gradients by framework
 
 
 def check_strategy(strategy, name: str = "recompute") -> None:
@@ -110,6 +111,8 @@ class Setup:
     activations: str = "plscale"      # whose activation count: plscale's Llama's (activations.py, measured by
                                       # the labs) or Megatron-LM's (megatron.py, Korthikanti et al. 2022)
     virtual: int = 1                  # model chunks per pipeline rank (interleaved 1F1B; megatron.py's count)
+    optimizer: str = "deepspeed"      # whose gradients (memory.py, OPTIMIZERS): DeepSpeed's ZeRO optimizer,
+                                      # Megatron-LM's (fp32 main grads) or DeepSpeed's BF16_Optimizer
     reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
                                       # memory.py's rule 2); False: after it, from whole gradients (plscale's
                                       # hand-written ZeRO-1, strategies/hybrid/zero1.py)
@@ -134,6 +137,12 @@ class Setup:
         if self.activations == "megatron" and self.recompute not in ("none", "selective", "full"):
             raise PredictionError("recompute", self.recompute, ": Megatron's activation model knows none, selective "
                                   "and full.")
+        if self.optimizer not in OPTIMIZERS:
+            raise PredictionError("optimizer", self.optimizer, f": use {', '.join(OPTIMIZERS)}.")
+        if self.optimizer != "deepspeed" and (self.stage > 1 or self.precision == "fp32"):
+            raise PredictionError("optimizer", self.optimizer, ": Megatron's optimizer and DeepSpeed's BF16_Optimizer "
+                                  "keep 16-bit weights at ZeRO stage 0 or 1 (a distributed optimizer): use "
+                                  "{optimizer} deepspeed for stages 2-3 or fp32.")
         if self.accounting not in ("paper", "deepspeed"):
             raise PredictionError("accounting", self.accounting, ": use paper or deepspeed.")
         if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):

@@ -33,7 +33,7 @@ the one with the most compute + tp + cp sets every term.
             tp_overlap (Megatron-Core's --tp-comm-overlap: each collective split into chunks pipelined
             with the GEMM beside it), only what the stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes
-            (Ψ = memory.rank_params), issued a layer at a time (buckets, FSDP units): stage 0 one
+            (Ψ = memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a layer at a time (buckets, FSDP units): stage 0 one
             all-reduce a step; 1 a reduce-scatter and an all-gather a step; 2 a reduce-scatter a
             micro-batch and an all-gather a step; 3 per micro-batch an all-gather forward, one
             backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
@@ -261,12 +261,13 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     per_micro = compute / m if job.overlap else 0.0
     backward_window = per_micro * (flops.backward + flops.recompute) / flops.total
     forward_window = per_micro * flops.forward / flops.total
-    n, grads = c.dp * c.cp, BYTES[job.precision] * rank_params(setup)
+    n, weights = c.dp * c.cp, BYTES[job.precision] * rank_params(setup)
+    grads = 4 * rank_params(setup) if job.optimizer == "megatron" else weights   # Megatron reduces in fp32
     dp = 0.0
     if n > 1:   # one reduce-scatter or all-gather of pΨ, a layer at a time
-        def ring(op):
-            return collective_seconds(op, grads, n, link(gpu, n, c.tp, op), calls=layers)
-        scatter, gather = ring("reduce_scatter"), ring("all_gather")
+        def ring(op, nbytes):
+            return collective_seconds(op, nbytes, n, link(gpu, n, c.tp, op), calls=layers)
+        scatter, gather = ring("reduce_scatter", grads), ring("all_gather", weights)
         after_step = max(0.0, gather - forward_window) if job.gather_overlap else gather
         if c.zero == 0:   # an all-reduce: a reduce-scatter and an all-gather's bytes, at its own rate
             dp = max(0.0, collective_seconds("all_reduce", grads, n, link(gpu, n, c.tp), calls=layers)

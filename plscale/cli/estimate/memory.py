@@ -61,6 +61,9 @@ def memory(
                                                  "DeepSpeed's estimate_zero2/3_model_states_mem_needs."),
     activations: str = typer.Option("plscale", help="Whose activation count: plscale (its Llama's, measured by the "
                                     "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022)."),
+    optimizer: str = typer.Option("deepspeed", help="Whose gradients: deepspeed (16-bit, ZeRO's rules), megatron "
+                                  "(fp32 main gradients; --stage 1 is its distributed optimizer) or bf16-optimizer "
+                                  "(DeepSpeed's BF16_Optimizer: 16-bit and fp32); the last two at --stage 0 or 1."),
     persistence_threshold: int = typer.Option(PERSISTENCE_THRESHOLD, help="ZeRO-3 keeps tensors of at most this "
                                               "many elements whole on every rank (stage3_param_persistence_threshold: "
                                               "plscale's configs 10000, DeepSpeed's default 100000)."),
@@ -141,7 +144,7 @@ def memory(
                   offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
                   grad_accum=grad_accum, recompute=recompute, recompute_layers=recompute_layers,
                   largest_layer=largest, accounting=accounting, cp=cp, persistence_threshold=persistence_threshold,
-                  activations=activations)
+                  activations=activations, optimizer=optimizer)
     result = estimate(setup)
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
