@@ -41,7 +41,7 @@ from plscale.predict.cluster import GPU
 from plscale.predict.errors import PredictionError
 from plscale.predict.memory import Setup, estimate
 from plscale.predict.presets import ModelConfig, flops_per_token, param_count
-from plscale.predict.step_time import LABELS, TERMS, in_flight_ratio, step_terms
+from plscale.predict.step_time import LABELS, TERMS, efficiency, in_flight_ratio, step_terms
 from plscale.predict.tensor_parallel import check_divisible
 from plscale.predict.units import BYTES, gib
 
@@ -117,6 +117,7 @@ class Candidate:
     parts: dict = field(default_factory=dict)   # memory term -> bytes a GPU (the least-memory candidate's)
     tokens_per_s: float = 0.0
     mfu: float = 0.0
+    efficiency: float = 0.0    # the fraction of the peak its compute reaches (step_time.efficiency)
 
     @property
     def layout(self) -> tuple[int, int, int, int]:
@@ -130,7 +131,8 @@ class Candidate:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "zero": self.zero,
                 "recompute": self.recompute, "micro_batch": self.micro_batch, "micro_batches": self.micro_batches,
                 "virtual": self.virtual, "tie": self.tie, "sp": self.sp, "memory_gib": gib(self.memory),
-                "step_s": self.step_s, "terms_s": dict(self.terms), "tokens_per_s": self.tokens_per_s, "mfu": self.mfu}
+                "step_s": self.step_s, "terms_s": dict(self.terms), "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "efficiency": self.efficiency}
 
 
 @dataclass
@@ -298,6 +300,7 @@ def plan(job: Job, gpu: GPU) -> Plan:
                     if c.memory > usable:
                         continue
                     c.terms = step_terms(job, gpu, c, setup, stage_layers)
+                    c.efficiency = efficiency(job, gpu, c)
                     c.tokens_per_s = tokens / c.step_s
                     c.mfu = model_flops / (c.step_s * job.gpus * gpu.peak(job.precision))
                     fits.append(c)
