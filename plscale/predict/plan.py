@@ -10,8 +10,9 @@ layers plus 2: first and last stage one layer fewer), cp (2 cp divides seq: Mega
 split), dp = gpus / (tp pp cp) dividing the global batch B, ZeRO stage 0-3 (only 0 when
 dp x cp = 1: nothing to shard over; 0-1 with pp > 1: DeepSpeed's pipeline engine refuses
 ZeRO-2/3, Megatron's distributed optimizer is ZeRO-1; 0-1 only under Job.optimizer megatron or
-bf16-optimizer), recomputation none/selective/full, the micro-batch b (divides B/dp; m = B/(dp b) micro-batches a step, at least pp with pp > 1), and
-for pp > 1 the interleaved schedule's v chunks a rank (v divides the stage's layers, pp divides m).
+bf16-optimizer), recomputation none/selective/full, the micro-batch b (divides B/dp; m = B/(dp b)
+micro-batches a step, at least pp with pp > 1), and for pp > 1 the interleaved schedule's v chunks
+a rank (v divides the stage's layers, pp divides m).
 Sequence parallelism, on or off, wherever tp > 1 and s/cp splits over tp (same bytes as TP alone,
 a t-th of the norms' activations: Korthikanti et al. 2022; BLOOM trained without it).
 
