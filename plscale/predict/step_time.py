@@ -33,8 +33,8 @@ the one with the most compute + tp + cp sets every term.
             tp_overlap (Megatron-Core's --tp-comm-overlap: each collective split into chunks pipelined
             with the GEMM beside it), only what the stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes
-            (Ψ = memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a layer at a time (buckets, FSDP units): stage 0 one
-            all-reduce a step; 1 a reduce-scatter and an all-gather a step; 2 a reduce-scatter a
+            (Ψ = memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a
+            layer at a time (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a step; 2 a reduce-scatter a
             micro-batch and an all-gather a step; 3 per micro-batch an all-gather forward, one
             backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
             reductions hide behind the backward of their micro-batch (backward and recomputation),
@@ -71,9 +71,10 @@ Point-to-point traffic (pp, cp's ring hops) uses one card a pair: the network's 
 latency a message is a ring step's, or a hop's where it was measured (`GPU.p2p_latency_us`).
 
 Not modelled: launch latency on GPUs, kernels reaching less than matmul.py gives them (on H100s the
-published runs are 15-30 % slower than predicted: benchmarks/plan_validation.py), DeepSpeed's ZeRO-3 gathers
-of 2021 (3-4x slower than NCCL's rates at 1,536 GPUs), the network's lower efficiency on small messages (a ring's chunk is its message / n),
-congestion between groups sharing a card, zero-bubble schedules, expert parallelism, offload, fp8.
+published runs are 14-32 % slower than predicted: benchmarks/plan_validation.py), DeepSpeed's ZeRO-3
+gathers of 2021 (3-4x slower than NCCL's rates at 1,536 GPUs), the network's lower efficiency on small
+messages (a ring's chunk is its message / n), congestion between groups sharing a card, zero-bubble
+schedules, expert parallelism, offload, fp8.
 """
 
 from collections import Counter
