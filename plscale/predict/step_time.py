@@ -32,15 +32,15 @@ the one with the most compute + tp + cp sets every term.
             only the attention core, which lies between f and g and needs no collective. With the job's
             tp_overlap (Megatron-Core's --tp-comm-overlap: each collective split into chunks pipelined
             with the GEMM beside it), only what the stage's compute cannot cover: max(0, tp - compute)
-  dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes
-            (Ψ = memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a
-            layer at a time (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a step; 2 a reduce-scatter a
-            micro-batch and an all-gather a step; 3 per micro-batch an all-gather forward, one
-            backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
-            reductions hide behind the backward of their micro-batch (backward and recomputation),
-            ZeRO-3's forward gathers behind its forward; the parameter all-gather after the
-            optimizer step (stages 1-2) is exposed, unless the job's gather_overlap (Megatron-Core's
-            --overlap-param-gather) hides it behind the next step's first forward
+  dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes (Ψ =
+            memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a layer at a time
+            (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a
+            step; 2 a reduce-scatter a micro-batch and an all-gather a step; 3 per micro-batch an all-gather
+            forward, one backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
+            reductions hide behind the backward of their micro-batch (backward and recomputation), ZeRO-3's
+            forward gathers behind its forward; the parameter all-gather after the optimizer step (stages
+            1-2) is exposed, unless the job's gather_overlap (Megatron-Core's --overlap-param-gather) hides
+            it behind the next step's first forward
   pp        point-to-point, per micro-batch and chunk boundary an activation forward and a
             gradient backward of b (s/cp) h e bytes, / tp (Megatron's scatter-gather: Narayanan
             et al. 2021 sec. 4.1); not overlapped
