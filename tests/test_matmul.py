@@ -2,11 +2,13 @@
 measurements: ml-engineering's MAMF table and tile count, and one layer of Korthikanti et al. 2022's
 22B model timed on A100s (their table 4)."""
 
+import doctest
 from math import ceil
 
 import pytest
 
 from plscale.predict.cluster import GPUS
+from plscale.predict.errors import PredictionError
 from plscale.predict.matmul import TILE, gemm_seconds, layer_efficiency, layer_time, wave_efficiency
 from plscale.predict.presets import ModelConfig
 from plscale.predict.step_time import links, tp_parts
@@ -90,3 +92,31 @@ def test_korthikanti_iteration_times_within_15_percent_pinned_to_their_layouts()
     for row in rows:
         result = plan_validation.validate(row)
         assert result["fits"] and result["ratio"] == pytest.approx(1, abs=0.15), (row["name"], result["ratio"])
+
+
+def test_fp8_gemms_at_the_fp8_peak_and_its_measured_best():
+    """fp8 (e4m3) dense peaks from the datasheets and ml-engineering's best fp8 GEMMs: H100 1,402.6 of 1,979
+    TFLOP/s, H200 1,453.4, B200 3,432.5 of 4,500. An 8192^3 fp8 GEMM on an H100 runs at 85% of 1,402.6 less
+    its waves; an A100 has no fp8 and says so."""
+    for name, best, peak in (("H100", 1402.6, 1979), ("H200", 1453.4, 1979), ("B200", 3432.5, 4500)):
+        gpu = GPUS[name]
+        assert gpu.peak("fp8") == peak * 1e12 and gpu.best_fraction("fp8") == pytest.approx(best / peak, abs=5e-4)
+    fp8 = gemm_seconds(GPUS["H100"], 8192, 8192, 8192, "fp8")
+    assert 2 * 8192**3 / fp8 == pytest.approx(1402.6e12 * 0.85 * 2048 / (16 * 132), rel=1e-3)
+    with pytest.raises(PredictionError, match="no fp8"):
+        GPUS["A100"].peak("fp8")
+    # the same layer in fp8: its GEMMs faster, its attention and elementwise work the same
+    bf16, eight = (layer_time(GPUS["H100"], GPT_22B, 2048, 4, tp=8, fp8=f) for f in (False, True))
+    assert eight.matmul_forward < 0.6 * bf16.matmul_forward
+    assert (eight.attention_forward, eight.elementwise_forward) == (bf16.attention_forward, bf16.elementwise_forward)
+
+
+def test_the_modules_worked_examples():
+    import plscale.predict.matmul as matmul
+    assert doctest.testmod(matmul).failed == 0
+
+
+def test_plan_refuses_fp8_where_the_gpu_has_none(quick_cli):
+    result = quick_cli("plan", "--model", "7b", "--gpus", "8", "--gpu", "A100", "--fp8")
+    assert result.returncode == 2 and "no fp8 tensor cores" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -45,7 +45,9 @@ ASSUMPTIONS = [
     ("ranking: by step time; candidates within 1% of their group's fastest are a tie, ranked by fewer "
      "model-parallel ranks, then less memory"),
     ("not modelled: fused kernels beyond one op, the network's lower efficiency on small messages, "
-     "launch latency, expert parallelism, offload, fp8, zero-bubble schedules"),
+     "launch latency, expert parallelism, offload, fp8 beyond the matmuls (--fp8), zero-bubble schedules; "
+     "checked against 42 published runs, it predicts H100 runs 14-32% faster than they ran "
+     "(benchmarks/plan_validation.py)"),
 ]
 
 
@@ -114,6 +116,8 @@ def plan(
     efficiency: float = typer.Option(None, help="Fraction of the peak FLOP/s the compute reaches (default: what each "
                                      "layout's matmul shapes reach on the GPU, plscale/predict/matmul.py; 0.5 for a GPU "
                                      "without matmul figures; --here: 1, the measured FLOP/s are the model's own)."),
+    fp8: bool = typer.Option(False, "--fp8", help="The matmuls in fp8 (Transformer Engine, torchao float8) on a GPU "
+                             "with fp8 tensor cores (MFU against its fp8 peak); weights and activations stay bf16."),
     tp_overlap: bool = typer.Option(False, "--tp-overlap", help="Tensor-parallel collectives pipelined with the GEMMs "
                                     "(Megatron-Core's --tp-comm-overlap, torchtitan's async TP)."),
     overlap_param_gather: bool = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2's parameter all-gather "
@@ -204,7 +208,7 @@ def plan(
         raise UserError("--activations megatron --recompute deepspeed: Megatron's count knows none, selective, full.")
     job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here,
                       activations=activations, tp_overlap=tp_overlap, gather_overlap=overlap_param_gather,
-                      optimizer=optimizer)
+                      optimizer=optimizer, fp8=fp8)
     result = planner.plan(job, cluster)
     usable = result.usable
     if not result.ranked:
@@ -229,7 +233,7 @@ def plan(
             "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
             "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
                     "activations": activations,
-                    "efficiency": efficiency, "optimizer": optimizer, "tp_overlap": tp_overlap, "overlap_param_gather": overlap_param_gather,
+                    "efficiency": efficiency, "fp8": fp8, "optimizer": optimizer, "tp_overlap": tp_overlap, "overlap_param_gather": overlap_param_gather,
                     "headroom": headroom, "fixed": dict(fixed)},
             **({"machine": measured.to_dict()} if measured else {}),
             "considered": result.considered, "fitting": len(result.ranked),
@@ -244,6 +248,7 @@ def plan(
     table = Table(title=f"plan: {escape(name)} ({size}) on {where}, seq {seq}, global batch {global_batch} "
                         f"({step_tokens} tokens), {precision}, "
                         f"{f'efficiency {efficiency:g}' if efficiency else 'efficiency by matmul shape'}"
+                        f"{', fp8 matmuls' if fp8 else ''}"
                         f"{', activations as Megatron-LM keeps them' if activations == 'megatron' else ''}",
                   title_justify="left")
     for column in ("#", "dp", "tp", "pp", "cp", "v", "zero", "recompute", "micro x m", "GiB/GPU", "step (s)",

@@ -49,7 +49,10 @@ best shape): A100 SXM 271.2 of 312 (0.869), H100 SXM 794.5 of 989 (0.803; "H200 
 B200 SXM 1,745 of 2,250 (0.776), A100 PCIe 252.9 (0.811). The H800 has the H100's SMs and clocks.
 The PCIe cards without a row there (L40S, A10, L4, RTX 4090) take 0.75, an assumption, said so in
 their source. SMs, from the datasheets: H100/H200/H800 SXM 132, A100 108, B200 148, L40S 142,
-A10 72, L4 58, RTX 4090 128. Flash attention (`flash`) runs below the GEMMs: FlashAttention-2 reaches
+A10 72, L4 58, RTX 4090 128. fp8 (e4m3, dense, the datasheets): H100, H200 and H800 1,979 TFLOP/s,
+B200 4,500, L40S 733, L4 242; the best fp8 GEMM in the same table: H100 1,402.6 (0.709), H200 1,453.4
+(0.734), B200 3,432.5 (0.763); the H800 as the H100, L40S and L4 0.75 assumed. A100s, A10s and the
+RTX 4090 (whose fp8 peak with fp32 accumulation the planner does not carry) have none here. Flash attention (`flash`) runs below the GEMMs: FlashAttention-2 reaches
 50-73 % of an A100's peak (Dao 2023): 0.6; on an H100 it reaches 35 %, FlashAttention-3 up to 75 %
 forward and less backward (Shah et al. 2024): 0.5, also taken for the other GPUs, an assumption.
 Peak links are what the hardware offers; measured bus bandwidth (nccl-tests, `plscale bench
@@ -96,45 +99,56 @@ class GPU:
     sms: int = 0                    # streaming multiprocessors, over which a matmul's tiles are spread (matmul.py)
     mamf: float = 0.0               # the best large bf16 GEMM's FLOP/s over the dense peak (module doc); 0: not known
     flash: float = 0.5              # flash attention's forward and backward FLOP/s (causal half) over the peak
+    mamf_fp8: float = 0.0           # the best large fp8 GEMM's FLOP/s over the dense fp8 peak (module doc)
 
     def peak(self, precision: str) -> float:
-        key = "fp32" if precision == "fp32" else "bf16"   # fp16 and bf16 share the tensor-core peak
+        """Dense FLOP/s: fp32 at TF32, fp16 and bf16 sharing the tensor cores' peak, fp8 where it has one."""
+        key = precision if precision in ("fp32", "fp8") else "bf16"
+        if key not in self.peak_flops:
+            raise PredictionError("fp8", self.name, f": the {self.name} has no fp8 tensor cores (Hopper, Ada and "
+                                                    f"Blackwell GPUs do): train in bf16.", show=self.name)
         return self.peak_flops[key]
+
+    def best_fraction(self, precision: str) -> float:
+        """The best large GEMM's fraction of that peak (mamf, or mamf_fp8 in fp8)."""
+        return self.mamf_fp8 if precision == "fp8" else self.mamf
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _tf(bf16: float, tf32: float) -> dict:
-    return {"bf16": bf16 * 1e12, "fp32": tf32 * 1e12}
+def _tf(bf16: float, tf32: float, fp8: float = 0.0) -> dict:
+    return {"bf16": bf16 * 1e12, "fp32": tf32 * 1e12, **({"fp8": fp8 * 1e12} if fp8 else {})}
 
 
 GPUS = {
-    "H100": GPU("H100 SXM5 80GB", 81_559 * MiB, _tf(989, 494), 450, 50, 8,
-                "NVIDIA H100 datasheet; DGX H100: 8 x 400 Gb/s ConnectX-7", hbm_gbs=3350, sms=132, mamf=0.803),
-    "H200": GPU("H200 SXM 141GB", 143_771 * MiB, _tf(989, 494), 450, 50, 8,
-                "NVIDIA H200 datasheet; HGX H200: 8 x 400 Gb/s", hbm_gbs=4800, sms=132, mamf=0.803),
-    "H800": GPU("H800 SXM5 80GB", 81_559 * MiB, _tf(989, 494), 200, 50, 8,
+    "H100": GPU("H100 SXM5 80GB", 81_559 * MiB, _tf(989, 494, 1979), 450, 50, 8,
+                "NVIDIA H100 datasheet; DGX H100: 8 x 400 Gb/s ConnectX-7", hbm_gbs=3350, sms=132, mamf=0.803,
+                mamf_fp8=0.709),
+    "H200": GPU("H200 SXM 141GB", 143_771 * MiB, _tf(989, 494, 1979), 450, 50, 8,
+                "NVIDIA H200 datasheet; HGX H200: 8 x 400 Gb/s", hbm_gbs=4800, sms=132, mamf=0.803,
+                mamf_fp8=0.734),
+    "H800": GPU("H800 SXM5 80GB", 81_559 * MiB, _tf(989, 494, 1979), 200, 50, 8,
                 "NVIDIA H800 datasheet (NVLink 400 GB/s); 400 Gb/s a GPU as in DeepSeek-V3's report", hbm_gbs=3350,
-                sms=132, mamf=0.803),
-    "B200": GPU("B200 180GB (HGX)", 180e9, _tf(2250, 1100), 900, 50, 8,
+                sms=132, mamf=0.803, mamf_fp8=0.709),
+    "B200": GPU("B200 180GB (HGX)", 180e9, _tf(2250, 1100, 4500), 900, 50, 8,
                 "NVIDIA HGX B200 datasheet (1,000 W); 8 x ConnectX-7 400 Gb/s", hbm_gbs=8000, sms=148,
-                mamf=0.776),
+                mamf=0.776, mamf_fp8=0.763),
     "A100": GPU("A100 SXM4 80GB", 81_920 * MiB, _tf(312, 156), 300, 25, 8,
                 "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=2039, sms=108, mamf=0.869,
                 flash=0.6),
     "A100-40GB": GPU("A100 SXM4 40GB", 40_960 * MiB, _tf(312, 156), 300, 25, 8,
                      "NVIDIA A100 datasheet; DGX A100: 8 x 200 Gb/s HDR", hbm_gbs=1555, sms=108,
                      mamf=0.869, flash=0.6),
-    "L40S": GPU("L40S 48GB (PCIe)", 46_068 * MiB, _tf(362, 183), 32, 1.5, 8,
+    "L40S": GPU("L40S 48GB (PCIe)", 46_068 * MiB, _tf(362, 183, 733), 32, 1.5, 8,
                 "NVIDIA L40S datasheet; PCIe Gen4 x16; network and matmul efficiency assumed (module doc)",
-                hbm_gbs=864, sms=142, mamf=0.75),
+                hbm_gbs=864, sms=142, mamf=0.75, mamf_fp8=0.75),
     "A10": GPU("A10 24GB (PCIe)", 23_028 * MiB, _tf(125, 62.5), 32, 1.5, 8,
                "NVIDIA A10 datasheet; PCIe Gen4 x16; network and matmul efficiency assumed (module doc)",
                hbm_gbs=600, sms=72, mamf=0.75),
-    "L4": GPU("L4 24GB (PCIe)", 23_034 * MiB, _tf(121, 60), 32, 1.5, 8,
+    "L4": GPU("L4 24GB (PCIe)", 23_034 * MiB, _tf(121, 60, 242), 32, 1.5, 8,
               "NVIDIA L4 datasheet; PCIe Gen4 x16; network and matmul efficiency assumed (module doc)",
-              hbm_gbs=300, sms=58, mamf=0.75),
+              hbm_gbs=300, sms=58, mamf=0.75, mamf_fp8=0.75),
     "RTX 4090": GPU("GeForce RTX 4090 24GB", 24_564 * MiB, _tf(165, 82.6), 32, 1.5, 8,
                     "NVIDIA Ada Lovelace whitepaper; PCIe Gen4 x16; network and matmul efficiency assumed "
                     "(module doc)", hbm_gbs=1008, sms=128, mamf=0.75),

@@ -37,12 +37,16 @@ counts them) over peak x its seconds; step_time applies it to the step's FLOPs. 
 Korthikanti et al. 2022, table 4 (one layer of the 22B model on A100s, tp 8: 7.7 ms forward, 11.9
 ms backward, tensor-parallel collectives included), in tests/test_matmul.py.
 
+fp8 (`fp8`): the GEMMs run on the GPU's fp8 tensor cores (its dense fp8 peak x mamf_fp8, one byte an
+input for the roofline), as Transformer Engine and torchao's float8 training do; the attention core,
+the elementwise work, the weights and the activations stay in the training precision.
+
 Not modelled: kernels fused beyond one op (Transformer Engine's fused LayerNorm-GEMM), a GEMM's
 lower rate on dimensions that are not multiples of 64, caches, launch gaps, the SMs a concurrent
 collective takes.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from math import ceil
 
@@ -67,20 +71,22 @@ def wave_efficiency(m: int, n: int, sms: int, batch: int = 1) -> float:
     return m * n * batch / (TILE[0] * TILE[1] * sms * ceil(tiles / sms))
 
 
-def gemm_seconds(gpu, m: int, n: int, k: int, precision: str = "bf16", batch: int = 1) -> float:
-    """Seconds of `batch` (m x k) @ (k x n) GEMMs on one GPU (module doc); gpu: a GPU or its _Figures."""
+def gemm_seconds(gpu: GPU, m: int, n: int, k: int, precision: str = "bf16", batch: int = 1) -> float:
+    """Seconds of `batch` (m x k) @ (k x n) GEMMs on one GPU in `precision` (fp8: e4m3 inputs; module doc)."""
+    return _gemm(_figures(gpu, "bf16" if precision == "fp8" else precision, precision == "fp8"), m, n, k, batch)
+
+
+def _gemm(gpu: "_Figures", m: int, n: int, k: int, batch: int = 1) -> float:
     flops = 2 * m * n * k * batch
-    best = (gpu.peak(precision) if isinstance(gpu, GPU) else gpu.peak) * gpu.mamf * TYPICAL
-    e = ELEMENT_BYTES[precision]
-    intensity = 2 * m * n * k / (e * (m * k + k * n + m * n))
+    best = gpu.gemm_peak * gpu.gemm_fraction * TYPICAL
+    intensity = 2 * m * n * k / (gpu.gemm_bytes * (m * k + k * n + m * n))
     roof = min(1.0, intensity * gpu.hbm_gbs * 1e9 / best)
     return flops / (best * wave_efficiency(m, n, gpu.sms, batch) * roof)
 
 
-def _forward_and_backward(gpu, m: int, n: int, k: int, precision: str, batch: int = 1) -> tuple[float, float]:
+def _forward_and_backward(gpu: "_Figures", m: int, n: int, k: int, batch: int = 1) -> tuple[float, float]:
     """A GEMM's forward seconds, and its backward's: the input's gradient and the weight's."""
-    return (gemm_seconds(gpu, m, n, k, precision, batch),
-            gemm_seconds(gpu, m, k, n, precision, batch) + gemm_seconds(gpu, k, n, m, precision, batch))
+    return _gemm(gpu, m, n, k, batch), _gemm(gpu, m, k, n, batch) + _gemm(gpu, k, n, m, batch)
 
 
 @dataclass(frozen=True)
@@ -108,32 +114,42 @@ class LayerTime:
 
 
 def layer_time(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
-               sp: bool = False, precision: str = "bf16") -> LayerTime:
-    """One decoder layer's forward and backward on one GPU (module doc)."""
-    figures = _Figures(gpu.name, gpu.peak(precision), gpu.mamf, gpu.sms, gpu.hbm_gbs, gpu.flash)
-    return _layer_time(figures, model, seq, micro_batch, tp, cp, sp, precision)
+               sp: bool = False, precision: str = "bf16", fp8: bool = False) -> LayerTime:
+    """One decoder layer's forward and backward on one GPU (module doc); fp8: its GEMMs in fp8."""
+    return _layer_time(_figures(gpu, precision, fp8), model, seq, micro_batch, tp, cp, sp)
 
 
 @dataclass(frozen=True)
 class _Figures:
     """What the model reads of a GPU, hashable (GPU holds dicts) for the cache."""
     name: str
-    peak: float
-    mamf: float
+    peak: float              # the training precision's dense peak (flash attention's runs at its share)
+    gemm_peak: float         # the GEMMs' precision's: fp8's with fp8 compute
+    gemm_fraction: float     # the best GEMM's share of gemm_peak (mamf, mamf_fp8)
+    gemm_bytes: int          # bytes of a GEMM's input element, for its roofline
     sms: int
     hbm_gbs: float
     flash: float
+    element_bytes: int       # activations' (the elementwise work's)
+    mamf: float              # the best GEMM's share of `peak`: the attention core's, always in that precision
+
+
+def _figures(gpu: GPU, precision: str, fp8: bool) -> _Figures:
+    gemm = "fp8" if fp8 else precision
+    return _Figures(gpu.name, gpu.peak(precision), gpu.peak(gemm), gpu.best_fraction(gemm), 1 if fp8 else
+                    ELEMENT_BYTES[precision], gpu.sms, gpu.hbm_gbs, gpu.flash, ELEMENT_BYTES[precision],
+                    gpu.best_fraction(precision))
 
 
 @cache
-def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, tp: int, cp: int, sp: bool,
-                precision: str) -> LayerTime:
+def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, tp: int, cp: int,
+                sp: bool) -> LayerTime:
     rows, h, f = micro_batch * seq // cp, model.hidden, model.ffn
     up = f if model.family == "gpt2" else 2 * f
     gemms = [(rows, (h + 2 * model.kv_dim) // tp, h), (rows, h, h // tp), (rows, up // tp, h), (rows, h, f // tp)]
     forward = backward = 0.0
     for m, n, k in gemms:
-        fwd, bwd = _forward_and_backward(gpu, m, n, k, precision)
+        fwd, bwd = _forward_and_backward(gpu, m, n, k)
         forward, backward = forward + fwd, backward + bwd
     heads, d, local = model.heads // tp, model.head_dim, seq // cp
     flash = model.attention != "math"
@@ -141,24 +157,27 @@ def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, t
         core = 4 * micro_batch * local * seq * heads * d / 2 / (gpu.peak * gpu.flash)
         attention = (core, 2 * core)
     else:
-        scores = _forward_and_backward(gpu, local, seq, d, precision, micro_batch * heads)
-        mixed = _forward_and_backward(gpu, local, d, seq, precision, micro_batch * heads)
+        core = replace(gpu, gemm_peak=gpu.peak, gemm_fraction=gpu.mamf, gemm_bytes=gpu.element_bytes)
+        scores = _forward_and_backward(core, local, seq, d, micro_batch * heads)
+        mixed = _forward_and_backward(core, local, d, seq, micro_batch * heads)
         attention = (scores[0] + mixed[0], scores[1] + mixed[1])
-    kept = layer_bytes(model, local, micro_batch, tp, sp, "selective" if flash else "none")
+    kept = layer_bytes(model, local, micro_batch, tp, sp, "selective" if flash else "none") * gpu.element_bytes / 2
     hbm = gpu.hbm_gbs * 1e9
     flops = 3 * rows * (2 * sum(m_n_k[1] * m_n_k[2] for m_n_k in gemms) + 4 * seq * heads * d)
     return LayerTime(forward, backward, *attention, 2 * kept / hbm, 3 * kept / hbm, flops)
 
 
 def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
-                     sp: bool = False, precision: str = "bf16") -> float:
+                     sp: bool = False, precision: str = "bf16", fp8: bool = False) -> float:
     """Model FLOPs of a layer's forward and backward over peak x its seconds: the fraction of the dense
-    peak the layout's compute reaches (module doc).
+    peak of the training precision the layout's compute reaches (module doc); with fp8 GEMMs it may pass 1.
 
     >>> from plscale.predict.cluster import GPUS
     >>> from plscale.predict.presets import PRESETS
     >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1), 2)
-    0.68
+    0.64
+    >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1, fp8=True), 2)   # of the bf16 peak
+    1.0
     """
-    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision)
+    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision, fp8)
     return t.model_flops / (gpu.peak(precision) * t.total)

@@ -26,7 +26,8 @@ for the allocator's fragmentation, communication buffers and the CUDA context).
 Step time: plscale.predict.step_time (compute at the stated efficiency or, by default, the one the
 layout's matmul shapes reach on the GPU (plscale.predict.matmul), the pipeline bubble, and each
 dimension's communication over the link it crosses; the slowest stage sets the pace).
-MFU = model FLOPs (presets.flops_per_token, no recomputation) / (step time x gpus x peak).
+MFU = model FLOPs (presets.flops_per_token, no recomputation) / (step time x gpus x peak), the fp8
+peak with fp8 matmuls (Job.fp8).
 Ranking (`rank`): by step time; then, walking down that order, every candidate within 1 % of the
 fastest of its group joins the group (a tie: the model cannot tell 1 % apart), and a slower one
 starts the next group. Inside a group, the fewest model-parallel ranks (tp x pp x cp x v: the
@@ -74,6 +75,7 @@ class Job:
     activations: str = "plscale"   # whose activation count (memory.py): plscale's Llama's or Megatron-LM's
     tp_overlap: bool = False   # TP collectives pipelined with the GEMMs (Megatron-Core's --tp-comm-overlap)
     gather_overlap: bool = False   # ZeRO's parameter all-gather behind the next forward (--overlap-param-gather)
+    fp8: bool = False          # the GEMMs in fp8 (matmul.py), MFU against the fp8 peak; weights and activations bf16
     optimizer: str = "deepspeed"   # whose gradients the memory counts (memory.py): deepspeed, megatron (fp32
                                    # main grads) or bf16-optimizer; the last two offer ZeRO 0-1 only
 
@@ -94,6 +96,9 @@ class Job:
                                   f"405B: 2,048 sequences of 8,192, 16M tokens).", show=f"{self.global_batch:,}")
         if self.precision not in BYTES:
             raise PredictionError("precision", self.precision, ": use bf16, fp16 or fp32.")
+        if self.fp8 and (self.efficiency is not None or self.precision == "fp32"):
+            raise PredictionError("fp8", self.fp8, ": fp8 GEMMs are priced from the GPU's fp8 figures, beside bf16 or "
+                                  "fp16 weights: drop {efficiency} and train in bf16.", show="")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise PredictionError("efficiency", self.efficiency, ": a fraction of the peak, above 0 and at most 1.")
         if not 0 <= self.headroom < 1:
@@ -263,6 +268,8 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
 def plan(job: Job, gpu: GPU) -> Plan:
     """Every configuration that fits, ranked (module doc)."""
     job.check()
+    if job.fp8:
+        gpu.peak("fp8")    # one line for a GPU without fp8 tensor cores
     if job.gpus > gpu.gpus_per_node and job.gpus % gpu.gpus_per_node:
         raise PredictionError("gpus", job.gpus, f" is not a whole number of {gpu.gpus_per_node}-GPU nodes: use a "
                                                 f"multiple of {gpu.gpus_per_node} (or set {{gpus_per_node}}).")
@@ -303,7 +310,7 @@ def plan(job: Job, gpu: GPU) -> Plan:
                     c.terms = step_terms(job, gpu, c, setup, stage_layers)
                     c.efficiency = efficiency(job, gpu, c)
                     c.tokens_per_s = tokens / c.step_s
-                    c.mfu = model_flops / (c.step_s * job.gpus * gpu.peak(job.precision))
+                    c.mfu = model_flops / (c.step_s * job.gpus * gpu.peak("fp8" if job.fp8 else job.precision))
                     fits.append(c)
     return Plan(job, gpu, rank(fits), considered, least)
 

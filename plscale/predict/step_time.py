@@ -238,7 +238,7 @@ def efficiency(job, gpu: GPU, c) -> float:
         return job.efficiency
     if not (gpu.mamf and gpu.sms and gpu.hbm_gbs):
         return UNKNOWN_EFFICIENCY
-    return layer_efficiency(gpu, job.model, job.seq, c.micro_batch, c.tp, c.cp, c.sp, job.precision)
+    return layer_efficiency(gpu, job.model, job.seq, c.micro_batch, c.tp, c.cp, c.sp, job.precision, job.fp8)
 
 
 def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
