@@ -13,7 +13,7 @@ from plscale.predict.activations import activation_bytes, rebuilt_bytes
 from plscale.predict.cluster import GPUS, GiB, find_gpu
 from plscale.predict.context_parallel import ring_bytes
 from plscale.predict.errors import PredictionError
-from plscale.predict.memory import Setup, estimate
+from plscale.predict.memory import Setup, estimate, rank_params
 from plscale.predict.plan import (
     Candidate,
     Job,
@@ -343,3 +343,37 @@ def test_h800_and_b200_are_in_the_gpu_table_with_their_datasheets_figures():
                                                                  ("sp", True)))
     [slow], [fast] = (plan(job, gpu).ranked for gpu in (h800, h100))
     assert slow.terms["tp"] > 2 * fast.terms["tp"] and slow.terms["compute"] == fast.terms["compute"]
+
+
+def test_overlaps_and_megatrons_fp32_gradients_in_the_step():
+    """--tp-overlap hides tensor-parallel collectives behind the stage's compute only with sequence
+    parallelism (Megatron-Core's --tp-comm-overlap and torchtitan's async TP need it); --overlap-param-gather
+    hides ZeRO-1's parameter all-gather behind the next forward; Megatron reduces its gradients in fp32,
+    twice the bytes of bf16's reduce-scatter."""
+    model = model_shape("llama3-70b")
+    job = Job(model, 64, 4096, 64)
+    c = candidate(dp=8, tp=8, zero=1, micro_batch=1, m=8, sp=True)
+    plain, overlapped = terms(job, c), terms(replace(job, tp_overlap=True), c)
+    assert plain["tp"] > 0 and overlapped["tp"] == max(0.0, plain["tp"] - plain["compute"])
+    no_sp = replace(c, sp=False)
+    assert terms(replace(job, tp_overlap=True), no_sp)["tp"] == terms(job, no_sp)["tp"] > 0
+    gathered = terms(replace(job, gather_overlap=True), c)
+    assert 0 <= gathered["dp"] < plain["dp"]
+    # ZeRO-1 on 8 ranks across nodes (stride 8): a reduce-scatter of the gradients and an all-gather of the
+    # weights; Megatron's fp32 gradients double the reduce-scatter's bytes, the gather's stay bf16
+    apart = replace(job, overlap=False)
+    bf16, fp32 = terms(apart, c)["dp"], terms(replace(apart, optimizer="megatron"), c)["dp"]
+    psi = rank_params(memory_setup(job, c, model.layers))
+    assert link(H100, 8, 8, "reduce_scatter") == pytest.approx((50e9, 5e-6))   # one 400 Gb/s card a GPU across nodes
+    assert fp32 - bf16 == pytest.approx(collective_seconds("reduce_scatter", 2 * psi, 8, (50e9, 0.0)), rel=1e-9)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--sp", "--tp", "1"), "--tp 2 or more"),
+    (("--optimizer", "megatron", "--precision", "fp16"), "bf16 weights"),
+    (("--optimizer", "bf16-optimizer", "--zero", "3"), "ZeRO 0 or 1"),
+    (("--fp8", "--efficiency", "0.5"), "drop --efficiency"),
+])
+def test_cli_refuses_what_the_new_options_cannot_mean(quick_cli, args, says):
+    result = quick_cli("plan", "--model", "7b", "--gpus", "64", *args)
+    assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -167,6 +167,16 @@ def plan(
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: must be at least 1.")
     seq = min(config.max_seq, 4096) if seq is None else seq
+    if optimizer not in OPTIMIZERS:
+        raise UserError(f"--optimizer {optimizer!r}: use {', '.join(OPTIMIZERS)}.")
+    if optimizer != "deepspeed" and zero is not None and zero > 1:
+        raise UserError(f"--optimizer {optimizer} --zero {zero}: it shards the optimizer states only (ZeRO 0 or 1); "
+                        f"use --zero 0 or 1, or --optimizer deepspeed.")
+    if optimizer != "deepspeed" and (here or precision not in (None, "bf16")):
+        why = "--here trains in fp32" if here else f"not --precision {precision}"
+        raise UserError(f"--optimizer {optimizer}: counted for bf16 weights ({why}); use --optimizer deepspeed.")
+    if sp and tp == 1:
+        raise UserError("--sp: sequence parallelism splits over the tensor-parallel group: use --tp 2 or more, or --no-sp.")
     measured = None
     if here:
         given = [f for f, v in (("--gpu", gpu), ("--memory", memory), ("--peak-tflops", peak_tflops),
@@ -197,11 +207,6 @@ def plan(
     fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero, "recompute": recompute,
                                       "micro_batch": micro_batch, "virtual": virtual, "sp": sp}.items()
                   if v is not None)
-    if optimizer not in OPTIMIZERS:
-        raise UserError(f"--optimizer {optimizer!r}: use {', '.join(OPTIMIZERS)}.")
-    if optimizer != "deepspeed" and zero is not None and zero > 1:
-        raise UserError(f"--optimizer {optimizer} --zero {zero}: it shards the optimizer states only (ZeRO 0 or 1); "
-                        f"use --zero 0 or 1, or --optimizer deepspeed.")
     if activations not in ("plscale", "megatron"):
         raise UserError(f"--activations {activations!r}: use plscale or megatron.")
     if activations == "megatron" and recompute == "deepspeed":

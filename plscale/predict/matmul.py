@@ -23,7 +23,8 @@ of s tokens (s / cp on a context-parallel rank) on a tensor-parallel rank of t:
              The roofline (roofline.py) bounds a thin GEMM by its bytes.
   attention  the core, q k^T and p v over the rank's heads. Flash attention (ModelConfig.attention
              "fused", the default) computes the causal half of those FLOPs at the GPU's flash rate
-             (cluster.GPU.flash: FlashAttention-2 and -3's published fractions of the peak) and keeps
+             (cluster.GPU.flash: FlashAttention-2 and -3's published fractions of the peak), its
+             backward 2.5 times its forward (five GEMMs to two, as those papers count), and keeps
              no scores; "math" (Megatron-LM until 2022) computes every score as a batch of GEMMs
              (s/cp x d by d x s, then s/cp x s by s x d) at the GEMM rate above, and writes them.
   elementwise  norms, activations, residuals, dropout, the softmax: memory-bound. Their bytes are
@@ -153,9 +154,9 @@ def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, t
         forward, backward = forward + fwd, backward + bwd
     heads, d, local = model.heads // tp, model.head_dim, seq // cp
     flash = model.attention != "math"
-    if flash:    # the causal half of 4 s d FLOPs a token a head forward, twice that backward
+    if flash:    # the causal half of 4 s d FLOPs a token a head forward; backward 2.5x (five GEMMs to two)
         core = 4 * micro_batch * local * seq * heads * d / 2 / (gpu.peak * gpu.flash)
-        attention = (core, 2 * core)
+        attention = (core, 2.5 * core)
     else:
         core = replace(gpu, gemm_peak=gpu.peak, gemm_fraction=gpu.mamf, gemm_bytes=gpu.element_bytes)
         scores = _forward_and_backward(core, local, seq, d, micro_batch * heads)
@@ -175,9 +176,9 @@ def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, t
     >>> from plscale.predict.cluster import GPUS
     >>> from plscale.predict.presets import PRESETS
     >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1), 2)
-    0.64
+    0.63
     >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1, fp8=True), 2)   # of the bf16 peak
-    1.0
+    0.98
     """
     t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision, fp8)
     return t.model_flops / (gpu.peak(precision) * t.total)

@@ -58,8 +58,8 @@ micro-batches accumulate:
     Given the shape (tp = pp = 1), the parameters term adds pΨ_persist, the sum of those
     tensors' elements; with parameter offload they stay on the device.
 
-Gradients by framework (`optimizer`), mixed precision at ZeRO stage 0 or 1 (1: the optimizer states
-sharded, Megatron's distributed optimizer):
+Gradients by framework (`optimizer`), bf16 weights at ZeRO stage 0 or 1 (1: the optimizer states
+sharded, Megatron's distributed optimizer; fp16 has other rows there, not modelled):
     deepspeed        the rules above: pΨ of 16-bit gradients
     megatron         Megatron-LM keeps its gradients in an fp32 buffer for the data-parallel reduction
                      (accumulate_allreduce_grads_in_fp32, on with bf16): 4Ψ, whole on every rank; its

@@ -139,10 +139,10 @@ class Setup:
                                   "and full.")
         if self.optimizer not in OPTIMIZERS:
             raise PredictionError("optimizer", self.optimizer, f": use {', '.join(OPTIMIZERS)}.")
-        if self.optimizer != "deepspeed" and (self.stage > 1 or self.precision == "fp32"):
-            raise PredictionError("optimizer", self.optimizer, ": Megatron's optimizer and DeepSpeed's BF16_Optimizer "
-                                  "keep 16-bit weights at ZeRO stage 0 or 1 (a distributed optimizer): use "
-                                  "{optimizer} deepspeed for stages 2-3 or fp32.")
+        if self.optimizer != "deepspeed" and (self.stage > 1 or self.precision != "bf16"):
+            raise PredictionError("optimizer", self.optimizer, ": Megatron's optimizer (fp32 gradients with bf16) and "
+                                  "DeepSpeed's BF16_Optimizer are counted for bf16 weights at ZeRO stage 0 or 1 (a "
+                                  "distributed optimizer): use {optimizer} deepspeed for stages 2-3, fp16 or fp32.")
         if self.accounting not in ("paper", "deepspeed"):
             raise PredictionError("accounting", self.accounting, ": use paper or deepspeed.")
         if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):

@@ -30,8 +30,9 @@ the one with the most compute + tp + cp sets every term.
             last), on the critical path, not overlapped. Full recomputation reruns each layer's
             forward, its forward collectives too (x 2 for those); selective recomputation reruns
             only the attention core, which lies between f and g and needs no collective. With the job's
-            tp_overlap (Megatron-Core's --tp-comm-overlap: each collective split into chunks pipelined
-            with the GEMM beside it), only what the stage's compute cannot cover: max(0, tp - compute)
+            tp_overlap (Megatron-Core's --tp-comm-overlap, torchtitan's async TP: each collective split
+            into chunks pipelined with the GEMM beside it; both need sequence parallelism), only what the
+            stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes (Ψ =
             memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a layer at a time
             (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a
@@ -250,13 +251,14 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     layer = 3 * layer_fwd + flops.recompute / model.layers
     rate = efficiency(job, gpu, c)
     per_flop = compute_seconds(job.global_batch * job.seq * c.pp, job.gpus, gpu, job.precision, rate)
-    cp_layer = cp_seconds_a_layer(job, gpu, c, rate) if c.cp > 1 else 0.0
+    flash = job.efficiency is None and model.attention != "math" and gpu.mamf   # the core runs at the flash rate
+    cp_layer = cp_seconds_a_layer(job, gpu, c, gpu.flash if flash else rate) if c.cp > 1 else 0.0
     paced = {}
     for name, (layers, first, last) in stages(model.layers, c.pp, heaviest).items():
         compute = (layers * layer + last * head) * per_flop + m * layers * gpu.layer_overhead_us * 1e-6
         paced[name] = (compute, tp_seconds(job, gpu, c, layers, first, last), layers * cp_layer, layers)
     compute, tp, cp, layers = max(paced.values(), key=lambda t: t[0] + t[1] + t[2])
-    if job.tp_overlap:
+    if job.tp_overlap and c.sp and job.overlap:   # Megatron-Core and torchtitan overlap with sp only
         tp = max(0.0, tp - compute)
 
     per_micro = compute / m if job.overlap else 0.0

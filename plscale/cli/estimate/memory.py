@@ -82,6 +82,9 @@ def memory(
     backward (pΨ/N); offloaded gradients are an fp32 partition (4Ψ/N) on the
     host, plus pΨ/N where micro-batches accumulate (stage 2 with
     --grad-accum > 1, stage 3 always). See plscale/predict/memory.py.
+    --optimizer megatron: fp32 gradients, 4Ψ (Megatron's docs: 18 bytes
+    a parameter, 6 + 12/N at stage 1); bf16-optimizer: pΨ + 4Ψ (DeepSpeed's
+    BF16_Optimizer) + KΨ/N at stage 1. Both bf16, stage 0 or 1.
 
     Activations of plscale's Llama (b micro batch, s sequence, h hidden,
     h_kv key/value width, f SwiGLU width, a heads, V vocabulary, t = tp),
