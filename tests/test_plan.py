@@ -377,3 +377,15 @@ def test_overlaps_and_megatrons_fp32_gradients_in_the_step():
 def test_cli_refuses_what_the_new_options_cannot_mean(quick_cli, args, says):
     result = quick_cli("plan", "--model", "7b", "--gpus", "64", *args)
     assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_custom_shape_tied_or_untied(quick_cli):
+    """Llama 3 8B's shape given by hand: untied (as Meta trained it) it has transformers' count of
+    Meta-Llama-3-8B, 8,030,261,248 parameters; --tied shares the head with the embedding, 128,256 x 4,096
+    fewer. A Hugging Face config says for itself."""
+    shape = ("--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--ffn", "14336",
+             "--vocab", "128256", "--gpus", "8", "--json")
+    counts = {flag: json.loads(quick_cli("plan", *shape, flag).stdout)["params"] for flag in ("--untied", "--tied")}
+    assert counts == {"--untied": 8_030_261_248, "--tied": 8_030_261_248 - 128256 * 4096}
+    refused = quick_cli("plan", "--model", "hf:meta-llama/Meta-Llama-3-8B", "--tied")
+    assert refused.returncode == 2 and "drop --tied/--untied" in refused.stderr

@@ -51,11 +51,12 @@ ASSUMPTIONS = [
 ]
 
 
-def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
+def _model(name: str | None, shape: dict, tied: bool | None = None) -> tuple[str, ModelConfig]:
     given = {k: v for k, v in shape.items() if v is not None}
     if is_hf(name):
-        if given:
-            raise UserError(f"--model {name} names its own shape: drop --{', --'.join(k.replace('_', '-') for k in given)}.")
+        flags = [f"--{k.replace('_', '-')}" for k in given] + ([] if tied is None else ["--tied/--untied"])
+        if flags:
+            raise UserError(f"--model {name} names its own shape: drop {', '.join(flags)}.")
         config, read = hf_model.read(name)
         for line in filter(None, (read, hf_model.caveat(config))):
             make_console(stderr=True).print(escape(line), highlight=False, soft_wrap=True)
@@ -78,8 +79,10 @@ def _model(name: str | None, shape: dict) -> tuple[str, ModelConfig]:
         if given["hidden"] % given["heads"] or given["heads"] % given["kv_heads"]:
             raise UserError(f"--hidden {given['hidden']} must split into --heads {given['heads']}, and the heads "
                             f"into --kv-heads {given['kv_heads']} groups.")
-        return "custom", ModelConfig(max_seq=131072, tie_embeddings=False, **given)
+        return "custom", ModelConfig(max_seq=131072, tie_embeddings=bool(tied), **given)
     config = model_shape(name)
+    if tied is not None:
+        given["tie_embeddings"] = tied
     return (name, replace(config, **given)) if given else (name, config)
 
 
@@ -150,6 +153,8 @@ def plan(
     kv_heads: int = typer.Option(None, help="Shape: key/value heads."),
     ffn: int = typer.Option(None, help="Shape: SwiGLU inner width."),
     vocab: int = typer.Option(None, help="Shape: vocabulary."),
+    tied: bool = typer.Option(None, "--tied/--untied", help="Shape: the output head shares the embedding's weight, or "
+                              "has its own (a custom shape's default: untied; a preset's or published shape's: its own)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The best training configuration for a model on a cluster.
@@ -161,7 +166,7 @@ def plan(
     formulas: plscale/predict/plan.py and step_time.py.
     """
     name, config = _model(model, {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
-                                   "ffn": ffn, "vocab": vocab})
+                                   "ffn": ffn, "vocab": vocab}, tied)
     for flag, value in (("--seq", seq), ("--global-batch", global_batch), ("--gpus", gpus),
                         ("--micro-batch", micro_batch), ("--virtual", virtual)):
         if value is not None and value < 1:
