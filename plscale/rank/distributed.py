@@ -4,6 +4,8 @@ and on CPUs (gloo, DS_ACCELERATOR=cpu)."""
 import importlib
 import os
 import random
+import sys
+import types
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -32,6 +34,46 @@ def _skip_shm_build() -> None:
     comm_torch = importlib.import_module("deepspeed.comm.torch")
     if hasattr(comm_torch, "build_shm_op"):
         comm_torch.build_shm_op = lambda: None
+
+
+MUON = ("deepspeed.runtime.zero.muon.original_muon", "deepspeed.runtime.zero.muon.muon_optimizer")
+
+
+class _Deferred(types.ModuleType):
+    """A stand-in for one of DeepSpeed's Muon modules (MUON) until something uses Muon: its optimizer
+    class is one no optimizer is an instance of, and building one, or calling any of the module's
+    functions, imports the real modules first (and hands the call to them)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name == "MuonWithAuxAdam":
+            return _NotLoadedMuon
+        return lambda *args, **kwargs: getattr(_load_muon(self.__name__), name)(*args, **kwargs)
+
+
+class _NotLoadedMuon:
+    """Never an optimizer's class (DeepSpeed asks isinstance(optimizer, MuonWithAuxAdam)); building
+    one builds the real MuonWithAuxAdam."""
+
+    def __new__(cls, *args, **kwargs):
+        return _load_muon(MUON[1]).MuonWithAuxAdam(*args, **kwargs)
+
+
+def _load_muon(name: str):
+    for module in MUON:
+        if isinstance(sys.modules.get(module), _Deferred):
+            del sys.modules[module]
+    return importlib.import_module(name)
+
+
+def _defer_muon() -> None:
+    """DeepSpeed's ZeRO optimizers import its Muon optimizer at their first step (to ask whether the
+    optimizer is Muon), and that import compiles Muon's kernels with torch.compile: 2.2 s a rank at
+    every launch on this machine's CPUs, before the first step's work. The labs train with AdamW:
+    Muon's modules are stand-ins until something uses Muon (_Deferred), which then loads them."""
+    for name in MUON:
+        sys.modules.setdefault(name, _Deferred(name))
 
 
 def device_type() -> str:
@@ -101,6 +143,7 @@ def init(timeout_s: float | None = None, debug: str | None = None) -> Dist:
     backend = "nccl" if cuda else "gloo"
     if not cuda:
         _skip_shm_build()
+    _defer_muon()
     if "TORCHELASTIC_RESTART_COUNT" in os.environ and not dist.is_initialized():
         _init_elastic(backend, cuda, timeout)
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
