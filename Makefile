@@ -32,7 +32,7 @@ demo: setup
 
 # Two workers, each a whole test file at a time (module fixtures run once), in the files' order
 # (tests/conftest.py puts the JAX-in-process files last): the labs' ranks and the single-process
-# tests share the cores, about 17 min in all on 2 cores instead of 22 in one. TEST_WORKERS=0, or
+# tests share the cores, about 18 min in all on 2 cores instead of 22 in one. TEST_WORKERS=0, or
 # no pytest-xdist in the venv, runs the suite in one process, one test after another.
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),$(shell $(BIN)/python -c 'import xdist' 2>/dev/null && \
           printf -- '-n %s --dist loadfile --no-loadscope-reorder' $(TEST_WORKERS)))
