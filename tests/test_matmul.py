@@ -31,7 +31,8 @@ def test_mamf_is_ml_engineerings_measured_best_gemm():
 
 def test_a_large_gemm_runs_at_the_mamf_and_a_thin_one_at_the_roofline():
     """An 8192^3 GEMM runs at 85% (TYPICAL, ml-engineering's 80-90% of ordinary shapes) of the best 794.5
-    TFLOP/s, less its last wave's idle SMs: 2,048 tiles in 16 waves of 132 (97.0%). A GEMM of 16 rows is bound by its bytes: (16 x 8192 + 8192^2 + 16 x 8192) x 2 bytes at 3,350 GB/s."""
+    TFLOP/s, less its last wave's idle SMs: 2,048 tiles in 16 waves of 132 (97.0%). A GEMM of 16 rows is
+    bound by its bytes: (16 x 8192 + 8192^2 + 16 x 8192) x 2 bytes at 3,350 GB/s."""
     h100 = GPUS["H100"]
     big = gemm_seconds(h100, 8192, 8192, 8192)
     assert 2 * 8192**3 / big == pytest.approx(794.5e12 * 0.85 * 2048 / (16 * 132), rel=1e-3)

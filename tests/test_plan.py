@@ -288,6 +288,8 @@ def test_zero_stages_offered():
     assert {c.zero for c in result.ranked if c.pp > 1} == {0, 1}
     assert {c.zero for c in result.ranked if c.dp * c.cp == 1} == {0}
     assert {c.zero for c in result.ranked if c.pp == 1 and c.dp > 1} == {0, 1, 2, 3}
+    megatron = plan(Job(SEVEN_B, 8, 4096, 16, fixed=(("recompute", "full"),), optimizer="megatron"), H100)
+    assert {c.zero for c in megatron.ranked if c.dp * c.cp > 1} == {0, 1}     # its distributed optimizer is ZeRO-1
 
 
 def test_interleaving_holds_more_activations():
@@ -371,7 +373,7 @@ def test_overlaps_and_megatrons_fp32_gradients_in_the_step():
 @pytest.mark.parametrize("args, says", [
     (("--sp", "--tp", "1"), "--tp 2 or more"),
     (("--optimizer", "megatron", "--precision", "fp16"), "bf16 weights"),
-    (("--optimizer", "bf16-optimizer", "--zero", "3"), "ZeRO 0 or 1"),
+    (("--optimizer", "bf16-optimizer", "--zero", "3"), "ZeRO stage 0 or 1"),
     (("--fp8", "--efficiency", "0.5"), "drop --efficiency"),
 ])
 def test_cli_refuses_what_the_new_options_cannot_mean(quick_cli, args, says):

@@ -17,7 +17,7 @@ from plscale.predict import plan as planner
 from plscale.predict.cluster import GPUS, find_gpu
 from plscale.predict.presets import PRESETS, ModelConfig, param_count
 from plscale.predict.published import SHAPES, model_shape
-from plscale.predict.setup import OPTIMIZERS
+from plscale.predict.setup import check_optimizer
 from plscale.predict.units import gib
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -46,7 +46,7 @@ ASSUMPTIONS = [
      "model-parallel ranks, then less memory"),
     ("not modelled: fused kernels beyond one op, the network's lower efficiency on small messages, "
      "launch latency, expert parallelism, offload, fp8 beyond the matmuls (--fp8), zero-bubble schedules; "
-     "checked against 42 published runs, it predicts H100 runs 14-32% faster than they ran "
+     "checked against 42 published runs, it predicts H100 runs 13-30% faster than they ran "
      "(benchmarks/plan_validation.py)"),
 ]
 
@@ -125,7 +125,8 @@ def plan(
                                     "(Megatron-Core's --tp-comm-overlap, torchtitan's async TP)."),
     overlap_param_gather: bool = typer.Option(False, "--overlap-param-gather", help="ZeRO-1/2's parameter all-gather "
                                               "hidden behind the next step's forward (Megatron-Core's flag)."),
-    sp: bool = typer.Option(None, "--sp/--no-sp", help="Fix sequence parallelism on or off (default: either, with tp > 1)."),
+    sp: bool = typer.Option(None, "--sp/--no-sp", help="Fix sequence parallelism on or off (default: either, "
+                            "with tp > 1)."),
     precision: str = typer.Option(None, help="bf16, fp16 or fp32 (default bf16; --here: fp32)."),
     here: bool = typer.Option(False, "--here", help="Plan for this machine's CPU: --gpus ranks over gloo, as the "
                               "labs run without a GPU; measures them first (seconds), replaces --gpu."),
@@ -135,7 +136,8 @@ def plan(
                                     "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022: for Megatron layouts)."),
     optimizer: str = typer.Option("deepspeed", help="Whose gradients the memory counts: deepspeed (16-bit, ZeRO's "
                                   "rules), megatron (fp32 main gradients, its distributed optimizer as ZeRO-1) or "
-                                  "bf16-optimizer (DeepSpeed's BF16_Optimizer: 16-bit and fp32); the last two take ZeRO 0-1."),
+                                  "bf16-optimizer (DeepSpeed's BF16_Optimizer: 16-bit and fp32); the last two take "
+                                  "ZeRO 0-1."),
     headroom: float = typer.Option(planner.HEADROOM, help="Fraction of GPU memory kept free (fragmentation, buffers)."),
     top: int = typer.Option(5, help="Candidates to print."),
     every: bool = typer.Option(False, "--all", help="Every configuration, not only the best of each dp x tp x pp x cp."),
@@ -154,15 +156,17 @@ def plan(
     ffn: int = typer.Option(None, help="Shape: SwiGLU inner width."),
     vocab: int = typer.Option(None, help="Shape: vocabulary."),
     tied: bool = typer.Option(None, "--tied/--untied", help="Shape: the output head shares the embedding's weight, or "
-                              "has its own (a custom shape's default: untied; a preset's or published shape's: its own)."),
+                              "has its own (a custom shape's default: untied; a preset's or published shape's: its "
+                              "own)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
 ) -> None:
     """The best training configuration for a model on a cluster.
 
     Enumerates dp x tp x pp x cp = gpus, ZeRO 0-3, recomputation and the
     micro-batch; drops what does not fit by the memory model; ranks the rest
-    by predicted step time: compute at the efficiency its matmul shapes reach, the pipeline bubble and
-    each dimension's communication over the link it crosses. Assumptions and
+    by predicted step time: compute at the efficiency its matmul shapes
+    reach, the pipeline bubble and each dimension's communication over the
+    link it crosses. Assumptions and
     formulas: plscale/predict/plan.py and step_time.py.
     """
     name, config = _model(model, {"layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv_heads,
@@ -172,16 +176,10 @@ def plan(
         if value is not None and value < 1:
             raise UserError(f"{flag} {value}: must be at least 1.")
     seq = min(config.max_seq, 4096) if seq is None else seq
-    if optimizer not in OPTIMIZERS:
-        raise UserError(f"--optimizer {optimizer!r}: use {', '.join(OPTIMIZERS)}.")
-    if optimizer != "deepspeed" and zero is not None and zero > 1:
-        raise UserError(f"--optimizer {optimizer} --zero {zero}: it shards the optimizer states only (ZeRO 0 or 1); "
-                        f"use --zero 0 or 1, or --optimizer deepspeed.")
-    if optimizer != "deepspeed" and (here or precision not in (None, "bf16")):
-        why = "--here trains in fp32" if here else f"not --precision {precision}"
-        raise UserError(f"--optimizer {optimizer}: counted for bf16 weights ({why}); use --optimizer deepspeed.")
+    check_optimizer(optimizer, "fp32" if here else precision or "bf16", zero)   # before --here measures
     if sp and tp == 1:
-        raise UserError("--sp: sequence parallelism splits over the tensor-parallel group: use --tp 2 or more, or --no-sp.")
+        raise UserError("--sp: sequence parallelism splits over the tensor-parallel group: use --tp 2 or more, "
+                        "or --no-sp.")
     measured = None
     if here:
         given = [f for f, v in (("--gpu", gpu), ("--memory", memory), ("--peak-tflops", peak_tflops),
@@ -243,8 +241,8 @@ def plan(
             "model": name, "shape": config.to_dict(), "params": param_count(config), "gpu": cluster.to_dict(),
             "job": {"gpus": gpus, "seq": seq, "global_batch": global_batch, "precision": precision,
                     "activations": activations,
-                    "efficiency": efficiency, "fp8": fp8, "optimizer": optimizer, "tp_overlap": tp_overlap, "overlap_param_gather": overlap_param_gather,
-                    "headroom": headroom, "fixed": dict(fixed)},
+                    "efficiency": efficiency, "fp8": fp8, "optimizer": optimizer, "tp_overlap": tp_overlap,
+                    "overlap_param_gather": overlap_param_gather, "headroom": headroom, "fixed": dict(fixed)},
             **({"machine": measured.to_dict()} if measured else {}),
             "considered": result.considered, "fitting": len(result.ranked),
             "candidates": [c.to_dict() for c in shown], "assumptions": ASSUMPTIONS}, indent=2))
@@ -267,8 +265,8 @@ def plan(
     for i, c in enumerate(shown):
         why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
         memory = f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}"   # CPU ranks' small models
-        table.add_row(str(i + 1), str(c.dp), f"{c.tp}{' sp' if c.sp else ''}", str(c.pp), str(c.cp), str(c.virtual), str(c.zero),
-                      c.recompute, f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}",
+        table.add_row(str(i + 1), str(c.dp), f"{c.tp}{' sp' if c.sp else ''}", str(c.pp), str(c.cp), str(c.virtual),
+                      str(c.zero), c.recompute, f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}",
                       f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", escape(why))
     console.print(table)
     best = shown[0]
@@ -278,8 +276,8 @@ def plan(
                   f"{gib(usable):.1f} GiB ({gib(cluster.memory):.1f} GiB less {headroom:.0%}); "
                   f"{'all' if every else 'the best of each dp x tp x pp x cp'} shown in ranked order (ties within 1%: fewer "
                   f"model-parallel ranks, then less memory first). v: model chunks "
-                  f"per pipeline rank (interleaved 1F1B when > 1); sp: sequence parallelism; micro x m: sequences per micro-batch x "
-                  f"micro-batches per step.", highlight=False)
+                  f"per pipeline rank (interleaved 1F1B when > 1); sp: sequence parallelism; micro x m: sequences "
+                  f"per micro-batch x micro-batches per step.", highlight=False)
     for line in run_it(name, result.ranked, seq, precision, cluster.gpus_per_node, bool(cluster.cores)):
         console.print(line, highlight=False, soft_wrap=True)
     console.print("[dim]Assumptions (plscale/predict/plan.py, step_time.py):\n" + "\n".join(f"  - {escape(a)}" for a in ASSUMPTIONS)

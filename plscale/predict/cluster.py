@@ -52,9 +52,10 @@ their source. SMs, from the datasheets: H100/H200/H800 SXM 132, A100 108, B200 1
 A10 72, L4 58, RTX 4090 128. fp8 (e4m3, dense, the datasheets): H100, H200 and H800 1,979 TFLOP/s,
 B200 4,500, L40S 733, L4 242; the best fp8 GEMM in the same table: H100 1,402.6 (0.709), H200 1,453.4
 (0.734), B200 3,432.5 (0.763); the H800 as the H100, L40S and L4 0.75 assumed. A100s, A10s and the
-RTX 4090 (whose fp8 peak with fp32 accumulation the planner does not carry) have none here. Flash attention (`flash`) runs below the GEMMs: FlashAttention-2 reaches
-50-73 % of an A100's peak (Dao 2023): 0.6; on an H100 it reaches 35 %, FlashAttention-3 up to 75 %
-forward and less backward (Shah et al. 2024): 0.5, also taken for the other GPUs, an assumption.
+RTX 4090 (whose fp8 peak with fp32 accumulation the planner does not carry) have none here.
+Flash attention (`flash`) runs below the GEMMs: FlashAttention-2 reaches 50-73 % of an A100's peak
+(Dao 2023): 0.6; on an H100 it reaches 35 %, FlashAttention-3 up to 75 % forward and less backward
+(Shah et al. 2024): 0.5, also taken for the other GPUs, an assumption.
 Peak links are what the hardware offers; measured bus bandwidth (nccl-tests, `plscale bench
 collectives`) is lower, often 70-85 % of it: give --intra-gbs and --inter-gbs to use yours.
 

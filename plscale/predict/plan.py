@@ -96,9 +96,12 @@ class Job:
                                   f"405B: 2,048 sequences of 8,192, 16M tokens).", show=f"{self.global_batch:,}")
         if self.precision not in BYTES:
             raise PredictionError("precision", self.precision, ": use bf16, fp16 or fp32.")
-        if self.fp8 and (self.efficiency is not None or self.precision == "fp32"):
-            raise PredictionError("fp8", self.fp8, ": fp8 GEMMs are priced from the GPU's fp8 figures, beside bf16 or "
-                                  "fp16 weights: drop {efficiency} and train in bf16.", show="")
+        if self.fp8 and self.efficiency is not None:
+            raise PredictionError("fp8", self.fp8, ": fp8 GEMMs are priced from the GPU's fp8 figures: drop "
+                                  "{efficiency}.", show="")
+        if self.fp8 and self.precision == "fp32":
+            raise PredictionError("fp8", self.fp8, ": fp8 GEMMs sit beside bf16 or fp16 weights: train in bf16.",
+                                  show="")
         if self.efficiency is not None and not 0 < self.efficiency <= 1:
             raise PredictionError("efficiency", self.efficiency, ": a fraction of the peak, above 0 and at most 1.")
         if not 0 <= self.headroom < 1:
@@ -222,11 +225,12 @@ def memory_setup(job: Job, c: Candidate, stage_layers: int) -> Setup:
                  activations=job.activations, virtual=c.virtual, optimizer=job.optimizer)
 
 
-def zero_stages(dp: int, cp: int, pp: int) -> tuple[int, ...]:
-    """The ZeRO stages worth enumerating (module doc)."""
+def zero_stages(dp: int, cp: int, pp: int, optimizer: str = "deepspeed") -> tuple[int, ...]:
+    """The ZeRO stages worth enumerating (module doc): Megatron's optimizer and DeepSpeed's BF16_Optimizer
+    shard the optimizer states at most (ZeRO-1)."""
     if dp * cp == 1:
         return (0,)
-    return PP_ZERO if pp > 1 else (0, 1, 2, 3)
+    return PP_ZERO if pp > 1 or optimizer != "deepspeed" else (0, 1, 2, 3)
 
 
 def no_layout_reason(job: Job, gpu: GPU) -> str:
@@ -287,8 +291,7 @@ def plan(job: Job, gpu: GPU) -> Plan:
                 continue
             chunks = [v for v in divisors(stage_layers) if v == 1 or m % pp == 0] if pp > 1 else [1]
             chunks = [v for v in chunks if job.allows(virtual=v)]
-            stages = [z for z in zero_stages(dp, cp, pp) if job.optimizer == "deepspeed" or z <= 1]
-            for zero, recompute, sp in product(stages, RECOMPUTE, sp_options):
+            for zero, recompute, sp in product(zero_stages(dp, cp, pp, job.optimizer), RECOMPUTE, sp_options):
                 if not job.allows(zero=zero, recompute=recompute):
                     continue
                 setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0),

@@ -34,6 +34,17 @@ CORES = ("fused", "math")
 OPTIMIZERS = ("deepspeed", "megatron", "bf16-optimizer")   # memory.py's gradients by framework
 
 
+def check_optimizer(optimizer, precision: str, stage: int | None = None) -> None:
+    """One line unless the optimizer is one of OPTIMIZERS and, other than DeepSpeed's ZeRO, in bf16 at
+    ZeRO stage 0 or 1 (None: any of those) as memory.py counts it."""
+    if optimizer not in OPTIMIZERS:
+        raise PredictionError("optimizer", optimizer, f": use {', '.join(OPTIMIZERS)}.", show=repr(optimizer))
+    if optimizer != "deepspeed" and ((stage or 0) > 1 or precision != "bf16"):
+        raise PredictionError("optimizer", optimizer, ": Megatron's optimizer (fp32 gradients with bf16) and "
+                              "DeepSpeed's BF16_Optimizer are counted for bf16 weights at ZeRO stage 0 or 1 (a "
+                              "distributed optimizer): use {optimizer} deepspeed for stages 2-3, fp16 or fp32.")
+
+
 def check_strategy(strategy, name: str = "recompute") -> None:
     """One line unless the strategy is one of STRATEGIES; `name` is the quantity's name."""
     if strategy not in STRATEGIES:
@@ -137,12 +148,7 @@ class Setup:
         if self.activations == "megatron" and self.recompute not in ("none", "selective", "full"):
             raise PredictionError("recompute", self.recompute, ": Megatron's activation model knows none, selective "
                                   "and full.")
-        if self.optimizer not in OPTIMIZERS:
-            raise PredictionError("optimizer", self.optimizer, f": use {', '.join(OPTIMIZERS)}.")
-        if self.optimizer != "deepspeed" and (self.stage > 1 or self.precision != "bf16"):
-            raise PredictionError("optimizer", self.optimizer, ": Megatron's optimizer (fp32 gradients with bf16) and "
-                                  "DeepSpeed's BF16_Optimizer are counted for bf16 weights at ZeRO stage 0 or 1 (a "
-                                  "distributed optimizer): use {optimizer} deepspeed for stages 2-3, fp16 or fp32.")
+        check_optimizer(self.optimizer, self.precision, self.stage)
         if self.accounting not in ("paper", "deepspeed"):
             raise PredictionError("accounting", self.accounting, ": use paper or deepspeed.")
         if self.accounting == "deepspeed" and (self.stage < 2 or self.precision == "fp32"):

@@ -72,7 +72,7 @@ Point-to-point traffic (pp, cp's ring hops) uses one card a pair: the network's 
 latency a message is a ring step's, or a hop's where it was measured (`GPU.p2p_latency_us`).
 
 Not modelled: launch latency on GPUs, kernels reaching less than matmul.py gives them (on H100s the
-published runs are 14-32 % slower than predicted: benchmarks/plan_validation.py), DeepSpeed's ZeRO-3
+published runs are 13-30 % slower than predicted: benchmarks/plan_validation.py), DeepSpeed's ZeRO-3
 gathers of 2021 (3-4x slower than NCCL's rates at 1,536 GPUs), the network's lower efficiency on small
 messages (a ring's chunk is its message / n), congestion between groups sharing a card, zero-bubble
 schedules, expert parallelism, offload, fp8.

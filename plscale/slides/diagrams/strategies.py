@@ -178,7 +178,8 @@ def planner(out: Path) -> Path:
         ax.set_xlim(0, max(c.step_s for c in best) * 1.35)
         ax.set_xlabel("predicted step time (s)\n\n")  # two blank lines: room for the legend below
         ax.set_title(f"{run.name}\n{run.gpus:,} x {run.gpu}, seq {run.seq:,}", fontsize=13)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(terms), fontsize=12 if len(terms) < 6 else 10)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(terms),
+               fontsize=12 if len(terms) < 6 else 10)   # six terms in a row fit at 10 points
     return save(fig, out, "planner.png")
 
 
