@@ -11,6 +11,12 @@ Shape of one decoder layer (no biases anywhere, as in Llama):
 plus the token embedding V x d, a final RMSNorm d and the output head V x d, which shares
 the embedding's weight when `tie_embeddings` (GPT-2 and Llama-3.2-1B do; Llama-2-7B does not).
 
+A mixture of experts (`experts` E > 1, as Mixtral and Qwen3's MoE models): every layer's MLP is E
+SwiGLU experts of width f and a router (h x E, no bias) that sends each token to its `top_k` of them.
+The parameters count all E experts; a token's FLOPs count its top_k and the router
+(`layer_active_params`). Mixtral-8x7B: 46,702,792,704 parameters, 12,879,925,248 a token runs through
+(Mistral's "12.9B active").
+
 A Hugging Face model read from its config.json (plscale.predict.hf_config) may add biases to that
 shape (Qwen2's q, k, v; Llama's `attention_bias`, `mlp_bias`), or be GPT-2's block (`family`
 "gpt2"): q, k, v, o of d x d with biases, a GELU MLP d x f and f x d with biases, two LayerNorms
@@ -42,6 +48,8 @@ class ModelConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     origin: str = "plscale"   # whose modules hold the tensors, and so their order: "plscale" or "hf" (predict.tensors)
+    experts: int = 1          # E SwiGLU experts a layer's MLP (1: a dense MLP)
+    top_k: int = 1            # the experts a token goes to (with experts > 1)
 
     @property
     def head_dim(self) -> int:
@@ -50,6 +58,10 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.head_dim * self.kv_heads
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
 
     def with_vocab(self, vocab: int) -> "ModelConfig":
         return replace(self, vocab=vocab)
@@ -85,10 +97,25 @@ def preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
+def mlp_params(c: ModelConfig) -> int:
+    """One MLP's (one expert's) matmul weights: SwiGLU's gate, up and down, GPT-2's two."""
+    return (2 if c.family == "gpt2" else 3) * c.hidden * c.ffn
+
+
 def layer_matmul_params(c: ModelConfig) -> int:
-    """One layer's matmul weights: what its FLOPs and its tensor-parallel shards count."""
-    attention = 2 * c.hidden * c.hidden + 2 * c.hidden * c.kv_dim
-    return attention + (2 if c.family == "gpt2" else 3) * c.hidden * c.ffn
+    """One layer's matmul weights, every expert's (not the router's): what its tensor-parallel shards hold."""
+    return 2 * c.hidden * c.hidden + 2 * c.hidden * c.kv_dim + c.experts * mlp_params(c)
+
+
+def router_params(c: ModelConfig) -> int:
+    """One layer's router gate, h x E (none for a dense MLP): whole on every tensor-parallel rank."""
+    return c.hidden * c.experts if c.moe else 0
+
+
+def layer_active_params(c: ModelConfig) -> int:
+    """The matmul weights one token runs through in a layer: what its FLOPs count. A dense layer's
+    every weight; with experts, the attention, the router and top_k experts."""
+    return layer_matmul_params(c) - (c.experts - c.top_k) * mlp_params(c) + router_params(c)
 
 
 def layer_params(c: ModelConfig) -> int:
@@ -97,7 +124,7 @@ def layer_params(c: ModelConfig) -> int:
     if c.family == "gpt2":  # every projection has a bias; two LayerNorms of weight and bias
         return layer_matmul_params(c) + (3 * d + d) + (f + d) + 2 * 2 * d
     biases = (d + 2 * c.kv_dim if c.qkv_bias else 0) + (d if c.o_bias else 0) + ((2 * f + d) if c.mlp_bias else 0)
-    return layer_matmul_params(c) + biases + 2 * d
+    return layer_matmul_params(c) + router_params(c) + biases + 2 * d
 
 
 def param_count(c: ModelConfig) -> int:
@@ -117,9 +144,20 @@ def largest_layer_params(c: ModelConfig) -> int:
 def flops_per_token(c: ModelConfig, seq: int) -> float:
     """Training FLOPs per token: 6 per weight of the matmuls (forward 2, backward 4), plus
     attention's scores and weighted sum, 6 * 2 * L * seq * d (counted causal-free, as in
-    the PaLM paper's MFU)."""
-    matmul_weights = c.layers * layer_matmul_params(c) + c.vocab * c.hidden
+    the PaLM paper's MFU). With experts, the weights a token runs through (layer_active_params)."""
+    matmul_weights = c.layers * layer_active_params(c) + c.vocab * c.hidden
     return 6 * matmul_weights + 12 * c.layers * seq * c.hidden
+
+
+def check_experts(c: ModelConfig) -> None:
+    """One line for a mixture of experts the counts above do not describe."""
+    if c.experts < 1:
+        raise PredictionError("experts", c.experts, ": use 1 (a dense MLP) or more experts.")
+    if not 1 <= c.top_k <= c.experts:
+        raise PredictionError("top_k", c.top_k, f": a token goes to 1 to {c.experts} experts.")
+    if c.moe and (c.family != "llama" or c.mlp_bias):
+        raise PredictionError("experts", c.experts, ": experts are SwiGLU MLPs without biases (Mixtral's, "
+                                                    "Qwen3's): a Llama-family shape.")
 
 
 def parse_count(text: str) -> int:

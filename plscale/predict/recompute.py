@@ -23,7 +23,7 @@ k is the number of recomputed layers (recompute_layers, 0: all L). The step take
 
 from dataclasses import dataclass
 
-from plscale.predict.presets import ModelConfig, layer_matmul_params
+from plscale.predict.presets import ModelConfig, layer_active_params
 from plscale.predict.setup import check_recompute, recomputed_count
 
 
@@ -49,8 +49,9 @@ class StepFlops:
 
 
 def layer_forward_flops(c: ModelConfig, seq: int) -> float:
-    """One decoder layer's forward per token: 2 per matmul weight, plus 4sh of attention."""
-    return 2 * layer_matmul_params(c) + attention_core_flops(c, seq)
+    """One decoder layer's forward per token: 2 per matmul weight it runs through (with experts, its
+    top_k), plus 4sh of attention."""
+    return 2 * layer_active_params(c) + attention_core_flops(c, seq)
 
 
 def attention_core_flops(c: ModelConfig, seq: int) -> float:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from math import gcd
 
 from plscale.predict.errors import PredictionError
-from plscale.predict.presets import ModelConfig, layer_matmul_params, param_count
+from plscale.predict.presets import ModelConfig, layer_matmul_params, param_count, router_params
 from plscale.predict.units import BYTES as ELEMENT_BYTES  # activations' element size
 
 SHAPES = ("hidden", "heads", "kv_heads", "ffn", "vocab")
@@ -70,13 +70,14 @@ class RankParams:
 def layer_split(c: ModelConfig) -> tuple[int, int]:
     """One layer's (split, replicated) parameters under Megatron's layout: the matmuls and the
     column-parallel layers' biases (q, k, v, gate, up; GPT-2's qkv and fc) are split over tp, the
-    norms and the row-parallel layers' biases (o, down; GPT-2's proj) are whole on every rank."""
+    norms and the row-parallel layers' biases (o, down; GPT-2's proj) are whole on every rank. Experts
+    split as the MLP does (Megatron-Core's expert tensor parallelism at its default, tp); the router is whole."""
     d, f = c.hidden, c.ffn
     if c.family == "gpt2":
         return layer_matmul_params(c) + 3 * d + f, 2 * d + 2 * 2 * d
     column = (d + 2 * c.kv_dim if c.qkv_bias else 0) + (2 * f if c.mlp_bias else 0)
     row = (d if c.o_bias else 0) + (d if c.mlp_bias else 0)
-    return layer_matmul_params(c) + column, row + 2 * d
+    return layer_matmul_params(c) + column, row + 2 * d + router_params(c)
 
 
 def _outside(c: ModelConfig, first: bool, last: bool) -> int:
