@@ -28,8 +28,9 @@ def from_hf(raw: dict, source: str = "config.json") -> tuple[ModelConfig, list[s
                               f"…LMHeadModel): plscale trains and plans decoder-only LMs")
     moe = [k for k in MOE_KEYS if raw.get(k)]
     if moe:
-        raise _refuse(source, f"is a mixture of experts ({moe[0]} = {raw[moe[0]]}): the experts of a Hugging Face "
-                              f"config are not modelled yet (plscale's own MoE Llama is: estimate parallel)")
+        raise _refuse(source, f"is a mixture of experts ({moe[0]} = {raw[moe[0]]}): a Hugging Face config's experts "
+                              f"are not read yet (the planner knows Mixtral's shapes by name: {{model}} mixtral-8x7b, "
+                              f"mixtral-8x22b; plscale's own MoE Llama: estimate parallel)")
     if kind in LLAMA_LIKE:
         return _llama(raw, kind, source)
     if kind == "gpt2":

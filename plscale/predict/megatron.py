@@ -28,6 +28,12 @@ of its L/p layers under 1F1B, the whole model's L layers (interleaved over v chu
 1 + (p - 1)/(p v)), plus the embedding's dropout mask and its input ids for each of them; with
 one stage, also the final norm's and the head's input and the loss's fp32 logits: 4sbh(1 + V/h)
 (with sequence parallelism, all divided by t).
+
+A mixture of experts (Megatron-Core's dropless experts): each token's top_k routes each keep an MLP's
+4f/h, and the experts' input is each token permuted k times, 2ksbh where a dense MLP keeps its input
+once (the 2 of the 18): a layer keeps (18 + 2(k - 1) + 4kf/h) sbh, with sequence parallelism / t. Even
+routing is assumed: an expert that gets more than its share holds more (not modelled), and the router's
+probabilities (E fp32 a token) are left out.
 """
 
 from plscale.predict.errors import PredictionError
@@ -50,6 +56,8 @@ def layer_bytes(c: ModelConfig, seq: int, micro: int, tp: int = 1, sp: bool = Fa
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)
     mlp = 4 * c.ffn / c.hidden          # 16 at f = 4h
+    if c.moe:                           # top_k routes, each token's input permuted k times (module doc)
+        mlp = c.top_k * mlp + 2 * (c.top_k - 1)
     kept = (18 + mlp) / t if sp else 10 + (8 + mlp) / t   # 34/t, or 10 + 24/t at f = 4h
     return sbh * (kept + (0 if recompute == "selective" else scores / t))
 

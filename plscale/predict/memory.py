@@ -94,9 +94,16 @@ group hold the same weights and see different tokens of the same sequences, so t
 gradients are summed like data parallelism's, and ZeRO shards over dp x cp ranks
 (DeepSpeed's sequence-data-parallel group, Megatron's dp-cp group). `dp` here is that N,
 the ranks ZeRO shards over, whatever cp is: give dp x cp.
+
+Expert parallelism (a mixture of experts, ep ranks; Megatron-Core's, DeepSpeed-MoE's): each rank holds
+E/ep of every layer's experts, split over tp as the MLP is, and everything else as a dense model
+(`expert_rank_params`). The ranks holding the same experts, N/ep of the N, sum their gradients (the
+expert-data-parallel group), so ZeRO shards the experts' states over N/ep ranks and the rest over N:
+each term is the dense part's over N plus the experts' over N/ep (a Mixtral-8x7B under Megatron's
+distributed optimizer on N = 64, ep 8: 6 + 12/64 bytes a dense parameter, 6 + 12/8 an expert's).
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 
 from plscale.dsconfig.valid import zero_settings
@@ -106,7 +113,8 @@ from plscale.predict.activations import (
     activation_formula,
     rebuilt_bytes,
 )
-from plscale.predict.presets import ModelConfig, largest_layer_params, param_count
+from plscale.predict.errors import PredictionError
+from plscale.predict.presets import ModelConfig, largest_layer_params, mlp_params, param_count
 from plscale.predict.setup import Setup
 from plscale.predict.tensor_parallel import params_per_rank, stage_params
 from plscale.predict.units import BYTES, gib
@@ -196,10 +204,21 @@ def rank_params(s: Setup) -> float:
     return s.params / (s.tp * s.pp)
 
 
+def expert_rank_params(s: Setup) -> float:
+    """The experts' share of rank_params before expert parallelism: the heaviest stage's layers' experts,
+    split over tp (0 for a dense model). A rank of an ep group holds an ep-th of it."""
+    if s.model is None or not s.model.moe:
+        return 0.0
+    return s.model.layers // s.pp * s.model.experts * mlp_params(s.model) / s.tp
+
+
 def estimate(s: Setup) -> Estimate:
     s.validate()
     psi = rank_params(s)
-    terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
+    if s.ep > 1:
+        terms = _expert_terms(s, psi)
+    else:
+        terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
     if s.model is not None:
         if s.activations == "megatron":   # Korthikanti et al. 2022 (megatron.py): Megatron-LM's own count
             kept = megatron.first_stage_bytes(s.model, s.tokens, s.micro_batch, s.tp, s.pp, s.sp, s.recompute,
@@ -226,6 +245,23 @@ def _paper_terms(s: Setup, psi: float) -> list[Term]:
         kept = _persistent(s)
         terms[0].device, terms[0].host = p * kept, terms[0].device - p * kept
         terms[0].formula = f"{p}Ψ/N on host" + (f" + {p}Ψ_persist ({kept:,} elements)" if kept else "")
+    return terms
+
+
+def _expert_terms(s: Setup, psi: float) -> list[Term]:
+    """Each model-state term as the dense parameters' over N plus the experts' (an ep-th of them) over N/ep."""
+    if s.accounting == "deepspeed":
+        raise PredictionError("accounting", s.accounting, ": DeepSpeed's estimators know no experts: use {accounting} "
+                              "paper with {ep}.", show="deepspeed")
+    experts = expert_rank_params(s)
+    dense = _paper_terms(s, psi - experts)
+    theirs = _paper_terms(replace(s, dp=s.dp // s.ep), experts / s.ep)
+    def named(formula, mark, n):
+        return formula.replace("Ψ", f"Ψ{mark}").replace("/N", f"/{n}")
+    terms = [Term(d.name, d.device + e.device, d.host + e.host,
+                  f"{named(d.formula, 'd', 'N')} + {named(e.formula.split(' (')[0], 'e', f'(N/{s.ep})')}")
+             for d, e in zip(dense, theirs)]
+    terms[0].formula += f" (Ψe: the rank's 1/{s.ep} of the experts)"
     return terms
 
 

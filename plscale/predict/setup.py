@@ -25,7 +25,7 @@ from plscale.dsconfig.spec import PERSISTENCE_THRESHOLD
 from plscale.dsconfig.valid import require as require_valid_zero
 from plscale.errors import did_you_mean
 from plscale.predict.errors import PredictionError
-from plscale.predict.presets import ModelConfig
+from plscale.predict.presets import ModelConfig, check_experts
 from plscale.predict.tensor_parallel import check_divisible
 
 STRATEGIES = ("none", "selective", "full", "deepspeed")  # the one list: Setup, the CLI, the ranks, the lab
@@ -96,6 +96,17 @@ def check_core(core, name: str = "attention") -> None:
                                       f"kept).{did_you_mean(str(core), CORES)}", show=repr(core))
 
 
+def check_ep(ep: int, dp: int, model: ModelConfig | None) -> None:
+    """One line unless ep ranks can split the model's experts and the data-parallel ranks."""
+    if model is None or not model.moe:
+        raise PredictionError("ep", ep, ": expert parallelism splits a mixture of experts; this model's MLPs are "
+                                        "dense: use {ep} 1.")
+    if model.experts % ep or dp % ep:
+        ok = [str(e) for e in range(1, model.experts + 1) if model.experts % e == 0 and dp % e == 0]
+        raise PredictionError("ep", ep, f": expert-parallel ranks split the {model.experts} experts and come from the "
+                                        f"{dp} data-parallel ranks: use {{ep}} {', '.join(ok)}.")
+
+
 @dataclass
 class Setup:
     params: int                       # Ψ_total, the whole model
@@ -124,6 +135,8 @@ class Setup:
     virtual: int = 1                  # model chunks per pipeline rank (interleaved 1F1B; megatron.py's count)
     optimizer: str = "deepspeed"      # whose gradients (memory.py, OPTIMIZERS): DeepSpeed's ZeRO optimizer,
                                       # Megatron-LM's (fp32 main grads) or DeepSpeed's BF16_Optimizer
+    ep: int = 1                       # expert-parallel ranks (model.experts > 1): each holds experts / ep of them,
+                                      # their states sharded over dp / ep ranks (memory.py)
     reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
                                       # memory.py's rule 2); False: after it, from whole gradients (plscale's
                                       # hand-written ZeRO-1, strategies/hybrid/zero1.py)
@@ -135,7 +148,7 @@ class Setup:
 
     def validate(self) -> None:
         require_valid_zero(self.stage, self.precision, self.offload_optimizer, self.offload_param)
-        for name in ("dp", "tp", "pp", "cp", "seq", "micro_batch", "grad_accum"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "seq", "micro_batch", "grad_accum"):
             if getattr(self, name) < 1:
                 raise PredictionError(name, getattr(self, name), f" must be at least 1 (got {getattr(self, name)}).",
                                       show="")
@@ -168,6 +181,13 @@ class Setup:
             raise PredictionError("seq", self.seq, f" does not split into {self.tp} sequence shards: use a multiple "
                                                    f"of {self.tp} with {{sp}}.")
         check_recompute(self.recompute, self.recompute_layers, self.model.layers if self.model else None)
+        if self.model:
+            check_experts(self.model)
+        if self.model and self.model.moe and self.activations == "plscale":
+            raise PredictionError("activations", self.activations, ": plscale's Llama has no experts: count a "
+                                  "mixture of experts' activations as Megatron-LM keeps them ({activations} megatron).")
+        if self.ep > 1:
+            check_ep(self.ep, self.dp, self.model)
         if self.model:
             check_core(self.model.attention)
         if self.model and self.tp > 1:

@@ -45,6 +45,8 @@ def memory(
     pp: int = typer.Option(1, help="Pipeline-parallel degree."),
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism over the TP group (needs --tp >= 2)."),
     cp: int = typer.Option(1, help="Context-parallel degree: ranks sharing each sequence (seq/cp tokens each)."),
+    ep: int = typer.Option(1, help="Expert-parallel degree (a mixture of experts: mixtral-8x7b, mixtral-8x22b): "
+                                   "ep of the data-parallel ranks split the experts, their states sharded over dp/ep."),
     seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
     micro_batch: int = typer.Option(1, help="Sequences per rank per forward/backward."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step (ZeRO-1 and offload hold "
@@ -59,8 +61,9 @@ def memory(
     budget: float = typer.Option(None, help="GiB per device; exit 2 when the estimate does not fit."),
     accounting: str = typer.Option("paper", help="paper: the ZeRO paper's model states; deepspeed: "
                                                  "DeepSpeed's estimate_zero2/3_model_states_mem_needs."),
-    activations: str = typer.Option("plscale", help="Whose activation count: plscale (its Llama's, measured by the "
-                                    "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022)."),
+    activations: str = typer.Option(None, help="Whose activation count: plscale (its Llama's, measured by the "
+                                    "labs; the default) or megatron (Megatron-LM's, Korthikanti et al. 2022; a "
+                                    "mixture of experts' default)."),
     optimizer: str = typer.Option("deepspeed", help="Whose gradients: deepspeed (16-bit, ZeRO's rules), megatron "
                                   "(fp32 main gradients; --stage 1 is its distributed optimizer) or bf16-optimizer "
                                   "(DeepSpeed's BF16_Optimizer: 16-bit and fp32); the last two at --stage 0 or 1."),
@@ -143,11 +146,12 @@ def memory(
     if budget is not None and budget <= 0:
         raise UserError(f"--budget {budget:g}: give the GiB one device has, for example --budget 80.")
     seq = seq or (min(config.max_seq, 2048) if config else 1024)
+    activations = ("megatron" if config and config.moe else "plscale") if activations is None else activations
     setup = Setup(params=params, stage=stage, dp=dp * cp, precision=precision, offload_optimizer=offload_optimizer,
                   offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
                   grad_accum=grad_accum, recompute=recompute, recompute_layers=recompute_layers,
                   largest_layer=largest, accounting=accounting, cp=cp, persistence_threshold=persistence_threshold,
-                  activations=activations, optimizer=optimizer)
+                  activations=activations, optimizer=optimizer, ep=ep)
     result = estimate(setup)
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
