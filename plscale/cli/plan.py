@@ -37,16 +37,19 @@ ASSUMPTIONS = [
     "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
     ("cp: ring attention's k, v hops of the rank's kv heads (context_parallel.ring_bytes) hidden behind its "
      "causal zig-zag attention core"),
+    ("ep (a mixture of experts): ep ranks out of dp hold E/ep experts each, their states sharded over dp/ep; the "
+     "router's dispatch and combine all-to-alls (4 a MoE layer a micro-batch, k routes a token, dropless and evenly "
+     "routed) on the critical path, not overlapped; sequence parallelism always on with tp > 1"),
     ("optimizer: AdamW's step over the states a rank keeps (/ dp x cp under ZeRO), 28 bytes a parameter at the "
      "GPU's memory bandwidth; on CPU ranks (--here) measured, with gloo's collectives, a p2p hop and a layer's fixed cost"),
-    ("links: Megatron's rank order (tp, cp, dp, pp); a group spanning nodes with k members a node runs at "
+    ("links: Megatron's rank order (tp, cp, ep, dp, pp); a group spanning nodes with k members a node runs at "
      "min(NVLink, k x network); latency a step 1 us NVLink, 5 us network; an all-reduce min(ring, tree) steps, "
      "an all-gather or reduce-scatter a ring's n - 1"),
     ("ranking: by step time; candidates within 1% of their group's fastest are a tie, ranked by fewer "
      "model-parallel ranks, then less memory"),
-    ("not modelled: fused kernels beyond one op, the network's lower efficiency on small messages, "
-     "launch latency, expert parallelism, offload, fp8 beyond the matmuls (--fp8), zero-bubble schedules; "
-     "checked against 42 published runs, it predicts H100 runs 13-30% faster than they ran "
+    ("not modelled: fused kernels beyond one op, the network's lower efficiency on small messages, launch "
+     "latency, uneven expert routing, token dropping, offload, fp8 beyond the matmuls (--fp8), zero-bubble schedules; "
+     "checked against 44 published runs, it predicts dense H100 runs 13-30% faster than they ran "
      "(benchmarks/plan_validation.py)"),
 ]
 
@@ -132,8 +135,9 @@ def plan(
                               "labs run without a GPU; measures them first (seconds), replaces --gpu."),
     machine: Path = typer.Option(None, help="With --here: this machine's figures from an earlier plan's --json "
                                  "(its \"machine\"), instead of measuring again."),
-    activations: str = typer.Option("plscale", help="Whose activation count: plscale (its Llama's, measured by the "
-                                    "labs) or megatron (Megatron-LM's, Korthikanti et al. 2022: for Megatron layouts)."),
+    activations: str = typer.Option(None, help="Whose activation count: plscale (its Llama's, measured by the "
+                                    "labs; the default) or megatron (Megatron-LM's, Korthikanti et al. 2022: for "
+                                    "Megatron layouts, and a mixture of experts' default)."),
     optimizer: str = typer.Option("deepspeed", help="Whose gradients the memory counts: deepspeed (16-bit, ZeRO's "
                                   "rules), megatron (fp32 main gradients, its distributed optimizer as ZeRO-1) or "
                                   "bf16-optimizer (DeepSpeed's BF16_Optimizer: 16-bit and fp32); the last two take "
@@ -145,6 +149,7 @@ def plan(
     pp: int = typer.Option(None, help="Fix the pipeline-parallel degree."),
     cp: int = typer.Option(None, help="Fix the context-parallel degree."),
     dp: int = typer.Option(None, help="Fix the data-parallel degree."),
+    ep: int = typer.Option(None, help="Fix the expert-parallel degree (a mixture of experts; ep ranks out of dp)."),
     zero: int = typer.Option(None, help="Fix the ZeRO stage (0-3)."),
     recompute: str = typer.Option(None, help="Fix recomputation: none, selective or full."),
     micro_batch: int = typer.Option(None, help="Fix the sequences per micro-batch."),
@@ -207,11 +212,22 @@ def plan(
     if top < 1:
         raise UserError(f"--top {top}: print at least 1.")
     global_batch = max(1, 2**22 // seq) if global_batch is None else global_batch
-    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "zero": zero, "recompute": recompute,
+    if ep is not None and not config.moe:
+        raise UserError(f"--ep {ep}: {name}'s MLPs are dense; expert parallelism splits a mixture of experts "
+                        f"({', '.join(k for k, v in SHAPES.items() if v.moe)}).")
+    if ep is not None and (ep < 1 or config.experts % ep):
+        ok = ", ".join(str(e) for e in range(1, config.experts + 1) if config.experts % e == 0)
+        raise UserError(f"--ep {ep}: the {config.experts} experts split over ep {ok}.")
+    activations = ("megatron" if config.moe else "plscale") if activations is None else activations
+    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "zero": zero,
+                                      "recompute": recompute,
                                       "micro_batch": micro_batch, "virtual": virtual, "sp": sp}.items()
                   if v is not None)
     if activations not in ("plscale", "megatron"):
         raise UserError(f"--activations {activations!r}: use plscale or megatron.")
+    if activations == "plscale" and config.moe:
+        raise UserError("--activations plscale: plscale's Llama has no experts; a mixture of experts' activations are "
+                        "counted as Megatron-LM keeps them: drop --activations.")
     if activations == "megatron" and recompute == "deepspeed":
         raise UserError("--activations megatron --recompute deepspeed: Megatron's count knows none, selective, full.")
     job = planner.Job(config, gpus, seq, global_batch, precision, efficiency, headroom, fixed, overlap=not here,
@@ -259,22 +275,24 @@ def plan(
                         f"{', fp8 matmuls' if fp8 else ''}"
                         f"{', activations as Megatron-LM keeps them' if activations == 'megatron' else ''}",
                   title_justify="left")
-    for column in ("#", "dp", "tp", "pp", "cp", "v", "zero", "recompute", "micro x m", "GiB/GPU", "step (s)",
-                   "tokens/s", "MFU", "why it beats the next"):
+    experts = ("ep",) if config.moe else ()
+    for column in ("#", "dp", "tp", "pp", "cp", *experts, "v", "zero", "recompute", "micro x m", "GiB/GPU",
+                   "step (s)", "tokens/s", "MFU", "why it beats the next"):
         table.add_column(column, justify="left" if column in ("recompute", "why it beats the next") else "right")
     for i, c in enumerate(shown):
         why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
         memory = f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}"   # CPU ranks' small models
-        table.add_row(str(i + 1), str(c.dp), f"{c.tp}{' sp' if c.sp else ''}", str(c.pp), str(c.cp), str(c.virtual),
-                      str(c.zero), c.recompute, f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}",
-                      f"{c.tokens_per_s:,.0f}", f"{c.mfu:.1%}", escape(why))
+        table.add_row(str(i + 1), str(c.dp), f"{c.tp}{' sp' if c.sp else ''}", str(c.pp), str(c.cp),
+                      *(str(c.ep) for _ in experts), str(c.virtual), str(c.zero), c.recompute,
+                      f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}", f"{c.tokens_per_s:,.0f}",
+                      f"{c.mfu:.1%}", escape(why))
     console.print(table)
     best = shown[0]
     console.print("step time of #1: " + ", ".join(f"{planner.LABELS[t]} {best.terms[t]:.3g} s"
                                                    for t in planner.TERMS if best.terms[t]), highlight=False)
     console.print(f"{result.considered:,} configurations considered, {len(result.ranked):,} fit in "
                   f"{gib(usable):.1f} GiB ({gib(cluster.memory):.1f} GiB less {headroom:.0%}); "
-                  f"{'all' if every else 'the best of each dp x tp x pp x cp'} shown in ranked order (ties within 1%: fewer "
+                  f"{'all' if every else 'the best of each dp x tp x pp x cp' + (' x ep' if config.moe else '')} shown in ranked order (ties within 1%: fewer "
                   f"model-parallel ranks, then less memory first). v: model chunks "
                   f"per pipeline rank (interleaved 1F1B when > 1); sp: sequence parallelism; micro x m: sequences "
                   f"per micro-batch x micro-batches per step.", highlight=False)

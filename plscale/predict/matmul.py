@@ -33,6 +33,11 @@ of s tokens (s / cp on a context-parallel rank) on a tensor-parallel rank of t:
              reads them and the incoming gradient and writes the outgoing one (3A), at the HBM
              bandwidth.
 
+A mixture of experts (ModelConfig.experts, ep expert-parallel ranks): the router's r x h -> E GEMM, and
+the E/ep experts a rank holds each run gate-and-up and down on their share of the tokens, r k ep / E rows
+(the ep ranks' k routes a token, spread evenly: dropless routing without imbalance), as separate GEMMs:
+few rows a GEMM pay their waves, so more experts a rank run slower.
+
 The layer's efficiency is its model FLOPs (forward + backward, causal-free, as presets.flops_per_token
 counts them) over peak x its seconds; step_time applies it to the step's FLOPs. Checked against
 Korthikanti et al. 2022, table 4 (one layer of the 22B model on A100s, tp 8: 7.7 ms forward, 11.9
@@ -115,9 +120,9 @@ class LayerTime:
 
 
 def layer_time(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
-               sp: bool = False, precision: str = "bf16", fp8: bool = False) -> LayerTime:
+               sp: bool = False, precision: str = "bf16", fp8: bool = False, ep: int = 1) -> LayerTime:
     """One decoder layer's forward and backward on one GPU (module doc); fp8: its GEMMs in fp8."""
-    return _layer_time(_figures(gpu, precision, fp8), model, seq, micro_batch, tp, cp, sp)
+    return _layer_time(_figures(gpu, precision, fp8), model, seq, micro_batch, tp, cp, sp, ep)
 
 
 @dataclass(frozen=True)
@@ -144,14 +149,20 @@ def _figures(gpu: GPU, precision: str, fp8: bool) -> _Figures:
 
 @cache
 def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, tp: int, cp: int,
-                sp: bool) -> LayerTime:
+                sp: bool, ep: int = 1) -> LayerTime:
     rows, h, f = micro_batch * seq // cp, model.hidden, model.ffn
     up = f if model.family == "gpt2" else 2 * f
-    gemms = [(rows, (h + 2 * model.kv_dim) // tp, h), (rows, h, h // tp), (rows, up // tp, h), (rows, h, f // tp)]
+    gemms = [(rows, (h + 2 * model.kv_dim) // tp, h, 1), (rows, h, h // tp, 1)]
+    if model.moe:   # the router; E/ep local experts, each fed its even share of the ep ranks' k routes a token
+        share = max(1, round(rows * model.top_k * ep / model.experts))
+        gemms += [(rows, model.experts, h, 1), (share, up // tp, h, model.experts // ep),
+                  (share, h, f // tp, model.experts // ep)]
+    else:
+        gemms += [(rows, up // tp, h, 1), (rows, h, f // tp, 1)]
     forward = backward = 0.0
-    for m, n, k in gemms:
+    for m, n, k, count in gemms:
         fwd, bwd = _forward_and_backward(gpu, m, n, k)
-        forward, backward = forward + fwd, backward + bwd
+        forward, backward = forward + count * fwd, backward + count * bwd
     heads, d, local = model.heads // tp, model.head_dim, seq // cp
     flash = model.attention != "math"
     if flash:    # the causal half of 4 s d FLOPs a token a head forward; backward 2.5x (five GEMMs to two)
@@ -164,12 +175,14 @@ def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, t
         attention = (scores[0] + mixed[0], scores[1] + mixed[1])
     kept = layer_bytes(model, local, micro_batch, tp, sp, "selective" if flash else "none") * gpu.element_bytes / 2
     hbm = gpu.hbm_gbs * 1e9
-    flops = 3 * rows * (2 * sum(m_n_k[1] * m_n_k[2] for m_n_k in gemms) + 4 * seq * heads * d)
+    flops = 3 * (2 * sum(m * n * k * count for m, n, k, count in gemms) + 4 * rows * seq * heads * d)
+    if model.moe:   # the model's FLOPs: every token's k routes, not the share rounded
+        flops += 6 * (rows * model.top_k * ep - share * model.experts) * (up + f) * h // tp // ep
     return LayerTime(forward, backward, *attention, 2 * kept / hbm, 3 * kept / hbm, flops)
 
 
 def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
-                     sp: bool = False, precision: str = "bf16", fp8: bool = False) -> float:
+                     sp: bool = False, precision: str = "bf16", fp8: bool = False, ep: int = 1) -> float:
     """Model FLOPs of a layer's forward and backward over peak x its seconds: the fraction of the dense
     peak of the training precision the layout's compute reaches (module doc); with fp8 GEMMs it may pass 1.
 
@@ -180,5 +193,5 @@ def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, t
     >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1, fp8=True), 2)   # of the bf16 peak
     0.98
     """
-    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision, fp8)
+    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision, fp8, ep)
     return t.model_flops / (gpu.peak(precision) * t.total)

@@ -14,7 +14,11 @@ bf16-optimizer), recomputation none/selective/full, the micro-batch b (divides B
 micro-batches a step, at least pp with pp > 1), and for pp > 1 the interleaved schedule's v chunks
 a rank (v divides the stage's layers, pp divides m).
 Sequence parallelism, on or off, wherever tp > 1 and s/cp splits over tp (same bytes as TP alone,
-a t-th of the norms' activations: Korthikanti et al. 2022; BLOOM trained without it).
+a t-th of the norms' activations: Korthikanti et al. 2022; BLOOM trained without it); always on for a
+mixture of experts (Megatron-Core requires it with tp > 1).
+A mixture of experts (ModelConfig.experts) adds ep, the expert-parallel ranks: a divisor of dp that
+divides the experts (Megatron-Core carves its expert-parallel group from the data-parallel ranks, at
+expert tensor parallelism tp); memory.py splits the experts' states, step_time adds the all-to-alls.
 
 Memory per GPU: plscale.predict.memory.estimate (model states, ZeRO over dp x cp ranks, and
 activations; 1F1B's first stage holds pp micro-batches of L/pp layers, the whole model's worth).
@@ -30,7 +34,7 @@ MFU = model FLOPs (presets.flops_per_token, no recomputation) / (step time x gpu
 peak with fp8 matmuls (Job.fp8).
 Ranking (`rank`): by step time; then, walking down that order, every candidate within 1 % of the
 fastest of its group joins the group (a tie: the model cannot tell 1 % apart), and a slower one
-starts the next group. Inside a group, the fewest model-parallel ranks (tp x pp x cp x v: the
+starts the next group. Inside a group, the fewest model-parallel ranks (tp x pp x cp x v x ep: the
 simpler program) come first, then the least memory. So a later group is always slower than
 an earlier one, and a tie says so (`why_faster`).
 """
@@ -42,7 +46,7 @@ from plscale.errors import UserError
 from plscale.predict.cluster import GPU
 from plscale.predict.errors import PredictionError
 from plscale.predict.memory import Setup, estimate
-from plscale.predict.presets import ModelConfig, flops_per_token, param_count
+from plscale.predict.presets import ModelConfig, check_experts, flops_per_token, param_count
 from plscale.predict.step_time import LABELS, TERMS, efficiency, in_flight_ratio, step_terms
 from plscale.predict.tensor_parallel import check_divisible
 from plscale.predict.units import BYTES, gib
@@ -68,7 +72,7 @@ class Job:
     efficiency: float | None = None   # fraction of the peak FLOP/s the compute reaches; None: the layer's
                                # at each candidate's shapes (step_time.efficiency, matmul.py)
     headroom: float = HEADROOM
-    fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, zero, recompute,
+    fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, ep, zero, recompute,
                                # micro_batch, virtual, sp
     overlap: bool = True       # communication hides behind compute where the module doc says (False: CPU
                                # ranks, where gloo's threads and the matmuls share the same cores)
@@ -94,6 +98,10 @@ class Job:
                                   f" sequences of {self.seq:,} tokens is {self.global_batch * self.seq:,} tokens a step, "
                                   f"more than {MAX_TOKENS:,}: {{global_batch}} counts sequences, not tokens (Llama 3 "
                                   f"405B: 2,048 sequences of 8,192, 16M tokens).", show=f"{self.global_batch:,}")
+        check_experts(self.model)
+        if self.model.moe and self.activations == "plscale":
+            raise PredictionError("activations", self.activations, ": plscale's Llama has no experts: count a "
+                                  "mixture of experts' activations as Megatron-LM keeps them ({activations} megatron).")
         if self.precision not in BYTES:
             raise PredictionError("precision", self.precision, ": use bf16, fp16 or fp32.")
         if self.fp8 and self.efficiency is not None:
@@ -127,17 +135,19 @@ class Candidate:
     tokens_per_s: float = 0.0
     mfu: float = 0.0
     efficiency: float = 0.0    # the fraction of the peak its compute reaches (step_time.efficiency)
+    ep: int = 1                # expert-parallel ranks (a mixture of experts), out of dp
 
     @property
-    def layout(self) -> tuple[int, int, int, int]:
-        return (self.dp, self.tp, self.pp, self.cp)
+    def layout(self) -> tuple:
+        """(dp, tp, pp, cp), and ep after them where the experts are split."""
+        return (self.dp, self.tp, self.pp, self.cp) + ((self.ep,) if self.ep > 1 else ())
 
     @property
     def step_s(self) -> float:
         return sum(self.terms.values())
 
     def to_dict(self) -> dict:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "zero": self.zero,
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "zero": self.zero,
                 "recompute": self.recompute, "micro_batch": self.micro_batch, "micro_batches": self.micro_batches,
                 "virtual": self.virtual, "tie": self.tie, "sp": self.sp, "memory_gib": gib(self.memory),
                 "step_s": self.step_s, "terms_s": dict(self.terms), "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
@@ -165,8 +175,8 @@ class Plan:
                 out.append(c)
         return out
 
-    def rank_of(self, layout: tuple[int, int, int, int]) -> int | None:
-        """1-based place of a (dp, tp, pp, cp) among best_per_layout; None when none of it fits."""
+    def rank_of(self, layout: tuple) -> int | None:
+        """1-based place of a (dp, tp, pp, cp[, ep]) among best_per_layout; None when none of it fits."""
         for i, c in enumerate(self.best_per_layout(), 1):
             if c.layout == layout:
                 return i
@@ -222,7 +232,7 @@ def memory_setup(job: Job, c: Candidate, stage_layers: int) -> Setup:
     return Setup(params=param_count(model), stage=c.zero, dp=c.dp * c.cp, precision=job.precision, tp=c.tp,
                  pp=c.pp, sp=c.sp, model=model, seq=job.seq, micro_batch=c.micro_batch, grad_accum=c.micro_batches,
                  recompute=c.recompute, cp=c.cp, persistence_threshold=0,   # FSDP and Megatron shard every tensor
-                 activations=job.activations, virtual=c.virtual, optimizer=job.optimizer)
+                 activations=job.activations, virtual=c.virtual, optimizer=job.optimizer, ep=c.ep)
 
 
 def zero_stages(dp: int, cp: int, pp: int, optimizer: str = "deepspeed") -> tuple[int, ...]:
@@ -283,7 +293,12 @@ def plan(job: Job, gpu: GPU) -> Plan:
     model_flops = flops_per_token(job.model, job.seq) * tokens
     for dp, tp, pp, cp, stage_layers in layouts(job, gpu):
         splits = tp > 1 and (job.seq // cp) % tp == 0
-        sp_options = [sp for sp in ((True, False) if splits else (False,)) if job.allows(sp=sp)]
+        if job.model.moe and tp > 1 and not splits:
+            continue     # Megatron-Core's experts need sequence parallelism with tp > 1
+        sp_options = [sp for sp in ((True,) if job.model.moe else (True, False)) if splits] or [False]
+        sp_options = [sp for sp in sp_options if job.allows(sp=sp)]
+        eps = [e for e in divisors(dp) if job.model.experts % e == 0 and job.allows(ep=e)] if job.model.moe \
+            else [1] * job.allows(ep=1)
         per_replica = job.global_batch // dp
         for micro_batch in divisors(per_replica):
             m = per_replica // micro_batch
@@ -291,14 +306,16 @@ def plan(job: Job, gpu: GPU) -> Plan:
                 continue
             chunks = [v for v in divisors(stage_layers) if v == 1 or m % pp == 0] if pp > 1 else [1]
             chunks = [v for v in chunks if job.allows(virtual=v)]
-            for zero, recompute, sp in product(zero_stages(dp, cp, pp, job.optimizer), RECOMPUTE, sp_options):
+            for zero, recompute, sp, ep in product(zero_stages(dp, cp, pp, job.optimizer), RECOMPUTE, sp_options,
+                                                   eps):
                 if not job.allows(zero=zero, recompute=recompute):
                     continue
-                setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0),
+                setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0, ep=ep),
                                      stage_layers)
                 memory = estimate(setup)
                 for v in chunks:   # interleaving changes only how many micro-batches' activations are held
-                    c = Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, memory.total("device"), v)
+                    c = Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, memory.total("device"), v,
+                                  ep=ep)
                     if v > 1 and c.memory > usable:
                         break      # v holds more than 1F1B: none of them fits either
                     if v > 1:
@@ -319,7 +336,7 @@ def plan(job: Job, gpu: GPU) -> Plan:
 
 
 def model_parallel_ranks(c: Candidate) -> int:
-    return c.tp * c.pp * c.cp * c.virtual
+    return c.tp * c.pp * c.cp * c.virtual * c.ep
 
 
 def rank(candidates: list[Candidate]) -> list[Candidate]:
@@ -343,12 +360,12 @@ def why_faster(a: Candidate, b: Candidate) -> str:
     def shown(value):
         return ("on" if value else "off") if isinstance(value, bool) else value
     changed = ", ".join(f"{names.get(k, k)} {shown(getattr(a, k))} vs {shown(getattr(b, k))}" for k in
-                        ("dp", "tp", "pp", "cp", "sp", "zero", "recompute", "micro_batch", "virtual")
+                        ("dp", "tp", "pp", "cp", "ep", "sp", "zero", "recompute", "micro_batch", "virtual")
                         if getattr(a, k) != getattr(b, k)) or "same layout"
     if a.tie == b.tie:
         fewer = model_parallel_ranks(a) < model_parallel_ranks(b)
         return (f"a tie (within {RESOLUTION:.0%} of the fastest of its group): "
                 + ("fewer model-parallel ranks" if fewer else "less memory") + f" ({changed})")
-    gains = {t: b.terms[t] - a.terms[t] for t in TERMS}
+    gains = {t: b.terms.get(t, 0.0) - a.terms.get(t, 0.0) for t in TERMS}
     term = max(gains, key=gains.get)
     return f"{b.step_s - a.step_s:.3g} s faster: {LABELS[term]} {gains[term]:.3g} s less ({changed})"

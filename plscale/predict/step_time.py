@@ -34,7 +34,9 @@ the one with the most compute + tp + cp sets every term.
             into chunks pipelined with the GEMM beside it; both need sequence parallelism), only what the
             stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes (Ψ =
-            memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer), issued a layer at a time
+            memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer; with expert parallelism
+            the experts' ep-th syncs over the dp x cp / ep ranks holding the same experts, tp x cp x ep
+            apart, its seconds added to the dense part's before the overlap below), issued a layer at a time
             (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a
             step; 2 a reduce-scatter a micro-batch and an all-gather a step; 3 per micro-batch an all-gather
             forward, one backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
@@ -50,6 +52,16 @@ the one with the most compute + tp + cp sets every term.
             recomputation reruns the attention; hidden behind the causal attention core of the
             rank's zig-zag share (context_parallel.pair_work's scores: 4 d FLOPs a score forward,
             twice that backward)
+  ep        expert parallelism's all-to-alls (a mixture of experts, ep > 1): per MoE layer and
+            micro-batch, dispatch and combine forward and both again backward, 4 (6 when full
+            recomputation reruns the forward); each carries the k routes of the rank's tokens, b s/(cp t) h e
+            bytes each route (Megatron-Core's dropless alltoall dispatcher, sequence parallel over tp; no
+            capacity padding), (ep - 1)/ep of them leaving the rank. The ep ranks are tp x cp apart (Megatron
+            orders tp, cp, ep, dp, pp, ep carved from dp); inside a node the bytes leave over NVLink; a group
+            spanning nodes with k members a node sends (ep - k)/ep over the rank's own network card and the
+            rest over NVLink at once, the slower setting the time, plus one latency step. Not overlapped
+            (DeepSeek-V3's DualPipe hides them; Megatron-Core's 1F1B A2A overlap: not modelled), on the
+            critical path like tp's
   optimizer the optimizer step over the parameters a rank keeps states of (rank_params; / dp x cp
             under ZeRO 1-3), after the gradients and before ZeRO's parameter all-gather: a
             measured AdamW's seconds a parameter (CPU ranks, cluster.cpu_ranks), else an
@@ -87,17 +99,17 @@ from plscale.predict.busbw import bus_factor
 from plscale.predict.cluster import GPU
 from plscale.predict.context_parallel import check_split, chunks, pair_work, ring_bytes
 from plscale.predict.matmul import layer_efficiency
-from plscale.predict.memory import BYTES, Setup, rank_params
+from plscale.predict.memory import BYTES, Setup, expert_rank_params, rank_params
 from plscale.predict.pipeline import bubble_fraction, in_flight
 from plscale.predict.presets import ModelConfig
 from plscale.predict.recompute import layer_forward_flops, step_flops
 from plscale.predict.tensor_parallel import ELEMENT_BYTES
 from plscale.predict.tensor_parallel import collectives as tp_collectives
 
-TERMS = ("compute", "bubble", "tp", "dp", "pp", "cp", "optimizer")
+TERMS = ("compute", "bubble", "tp", "dp", "pp", "cp", "ep", "optimizer")
 LABELS = {"compute": "compute", "bubble": "pipeline bubble", "tp": "tensor-parallel comm",
           "dp": "data-parallel comm", "pp": "pipeline p2p", "cp": "context-parallel ring",
-          "optimizer": "optimizer step"}
+          "ep": "expert all-to-all", "optimizer": "optimizer step"}
 UNKNOWN_EFFICIENCY = 0.5   # a GPU without matmul figures (cluster.GPU.mamf, sms, hbm_gbs): a stated assumption
 # bytes an elementwise AdamW moves a parameter: reads the fp32 master, gradient and two moments,
 # writes the master and the moments back (7 x 4 B; fused and foreach kernels touch each once)
@@ -233,13 +245,31 @@ def cp_seconds_a_layer(job, gpu: GPU, c, rate: float) -> float:
     return c.micro_batches * max(0.0, hops - window)
 
 
+def ep_seconds_a_layer(job, gpu: GPU, c) -> float:
+    """Expert all-to-alls of one MoE layer a step (module doc); 0 without expert parallelism."""
+    if c.ep == 1:
+        return 0.0
+    model = job.model
+    routes = model.top_k * c.micro_batch * job.seq // (c.cp * c.tp)
+    message = routes * model.hidden * ELEMENT_BYTES[job.precision]
+    k = fewest_per_node(c.ep, c.tp * c.cp, gpu.gpus_per_node)
+    if k is None:
+        seconds = message * (c.ep - 1) / c.ep / (gpu.intra_gbs * 1e9) + gpu.intra_latency_us * 1e-6
+    else:
+        seconds = max(message * (k - 1) / c.ep / (gpu.intra_gbs * 1e9),
+                      message * (c.ep - k) / c.ep / (gpu.inter_gbs * 1e9)) + gpu.inter_latency_us * 1e-6
+    calls = 6 if c.recompute == "full" else 4
+    return c.micro_batches * calls * seconds
+
+
 def efficiency(job, gpu: GPU, c) -> float:
     """The fraction of the peak a candidate's compute reaches: the job's, else its layer's (module doc)."""
     if job.efficiency is not None:
         return job.efficiency
     if not (gpu.mamf and gpu.sms and gpu.hbm_gbs):
         return UNKNOWN_EFFICIENCY
-    return layer_efficiency(gpu, job.model, job.seq, c.micro_batch, c.tp, c.cp, c.sp, job.precision, job.fp8)
+    return layer_efficiency(gpu, job.model, job.seq, c.micro_batch, c.tp, c.cp, c.sp, job.precision, job.fp8,
+                            c.ep)
 
 
 def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
@@ -253,34 +283,33 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     per_flop = compute_seconds(job.global_batch * job.seq * c.pp, job.gpus, gpu, job.precision, rate)
     flash = job.efficiency is None and model.attention != "math" and gpu.mamf   # the core runs at the flash rate
     cp_layer = cp_seconds_a_layer(job, gpu, c, gpu.flash if flash else rate) if c.cp > 1 else 0.0
+    ep_layer = ep_seconds_a_layer(job, gpu, c)
     paced = {}
     for name, (layers, first, last) in stages(model.layers, c.pp, heaviest).items():
         compute = (layers * layer + last * head) * per_flop + m * layers * gpu.layer_overhead_us * 1e-6
-        paced[name] = (compute, tp_seconds(job, gpu, c, layers, first, last), layers * cp_layer, layers)
-    compute, tp, cp, layers = max(paced.values(), key=lambda t: t[0] + t[1] + t[2])
+        paced[name] = (compute, tp_seconds(job, gpu, c, layers, first, last), layers * cp_layer,
+                       layers * ep_layer, layers)
+    compute, tp, cp, ep, layers = max(paced.values(), key=lambda t: t[0] + t[1] + t[2] + t[3])
     if job.tp_overlap and c.sp and job.overlap:   # Megatron-Core and torchtitan overlap with sp only
         tp = max(0.0, tp - compute)
 
     per_micro = compute / m if job.overlap else 0.0
     backward_window = per_micro * (flops.backward + flops.recompute) / flops.total
     forward_window = per_micro * flops.forward / flops.total
-    n, weights = c.dp * c.cp, BYTES[job.precision] * rank_params(setup)
-    grads = 4 * rank_params(setup) if job.optimizer == "megatron" else weights   # Megatron reduces in fp32
-    dp = 0.0
-    if n > 1:   # one reduce-scatter or all-gather of pΨ, a layer at a time
-        def ring(op, nbytes):
-            return collective_seconds(op, nbytes, n, link(gpu, n, c.tp, op), calls=layers)
-        scatter, gather = ring("reduce_scatter", grads), ring("all_gather", weights)
-        after_step = max(0.0, gather - forward_window) if job.gather_overlap else gather
-        if c.zero == 0:   # an all-reduce: a reduce-scatter and an all-gather's bytes, at its own rate
-            dp = max(0.0, collective_seconds("all_reduce", grads, n, link(gpu, n, c.tp), calls=layers)
-                     - backward_window)
-        elif c.zero == 1:
-            dp = max(0.0, scatter - backward_window) + after_step
-        elif c.zero == 2:
-            dp = m * max(0.0, scatter - backward_window) + after_step
-        else:
-            dp = m * (max(0.0, gather - forward_window) + max(0.0, gather + scatter - backward_window))
+    n = c.dp * c.cp
+    experts = expert_rank_params(setup) / c.ep if c.ep > 1 else 0.0   # the rank's ep-th of its stage's experts
+    dense = rank_params(setup) - c.ep * experts
+    syncs = [(dense, n, c.tp)] + ([(experts, n // c.ep, c.tp * c.cp * c.ep)] if experts else [])
+    reduce, scatter, gather = (sum(t) for t in zip(*(_sync_seconds(job, gpu, *g, layers) for g in syncs)))
+    after_step = max(0.0, gather - forward_window) if job.gather_overlap else gather
+    if c.zero == 0:     # an all-reduce: a reduce-scatter and an all-gather's bytes, at its own rate
+        dp = max(0.0, reduce - backward_window)
+    elif c.zero == 1:
+        dp = max(0.0, scatter - backward_window) + after_step
+    elif c.zero == 2:
+        dp = m * max(0.0, scatter - backward_window) + after_step
+    else:
+        dp = m * (max(0.0, gather - forward_window) + max(0.0, gather + scatter - backward_window))
 
     pp = 0.0
     if c.pp > 1:   # each micro-batch crosses the rank's v chunk boundaries, forward and backward
@@ -291,17 +320,32 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     bubble = 0.0
     if c.pp > 1:
         f = bubble_fraction(c.pp, m, c.virtual)
-        work = compute + tp + pp + cp
+        work = compute + tp + pp + cp + ep
         if gpu.cores and job.gpus > gpu.cores:   # ranks taking turns on shared cores (module doc)
             bubble = max(0.0, work * gpu.cores / (job.gpus * (1 - f)) - work)
         else:
             bubble = work * f / (1 - f)
-    kept = rank_params(setup) / (n if c.zero >= 1 else 1)   # the parameters whose states this rank steps
+    shards = (n, n // c.ep) if c.zero >= 1 else (1, 1)      # the parameters whose states this rank steps
+    kept = dense / shards[0] + experts / shards[1]
     if gpu.optimizer_ns:
         optimizer = kept * gpu.optimizer_ns * 1e-9
     else:
         optimizer = kept * ADAM_BYTES / (gpu.hbm_gbs * 1e9) if gpu.hbm_gbs else 0.0
-    return {"compute": compute, "bubble": bubble, "tp": tp, "dp": dp, "pp": pp, "cp": cp, "optimizer": optimizer}
+    return {"compute": compute, "bubble": bubble, "tp": tp, "dp": dp, "pp": pp, "cp": cp, "ep": ep,
+            "optimizer": optimizer}
+
+
+def _sync_seconds(job, gpu: GPU, params: float, n: int, stride: int, layers: int) -> tuple[float, float, float]:
+    """(all-reduce, reduce-scatter, all-gather) seconds of a rank's `params` over n ranks `stride` apart,
+    a layer at a time: the gradients' pΨ (4Ψ under Megatron's optimizer), the weights' pΨ."""
+    if n <= 1:
+        return 0.0, 0.0, 0.0
+    weights = BYTES[job.precision] * params
+    grads = 4 * params if job.optimizer == "megatron" else weights   # Megatron reduces in fp32
+
+    def seconds(op, nbytes):
+        return collective_seconds(op, nbytes, n, link(gpu, n, stride, op), calls=layers)
+    return seconds("all_reduce", grads), seconds("reduce_scatter", grads), seconds("all_gather", weights)
 
 
 _step_flops = cache(step_flops)
