@@ -7,7 +7,9 @@ what real runs used and measured.
 
 The runs are benchmarks/published_runs.csv, one a row with its source: Megatron-LM's README H100
 table, Narayanan et al. 2021 tables 1 and 2, Korthikanti et al. 2022 tables 3 and 5, Llama 3 405B
-(Grattafiori et al. 2024, table 4), BLOOM 176B and torchtitan's A100 runs. A blank cell is
+(Grattafiori et al. 2024, table 4), BLOOM 176B, torchtitan's A100 runs, and two mixtures of experts:
+Megatron-Core's Mixtral-8x7B (its MoE README) and Mixtral-8x22B (Liu et al. 2025, MoE Parallel Folding,
+the layout without folding: expert tensor parallelism = tp, as the planner has it). A blank cell is
 something the source does not say: the planner chooses it.
 
 For each run:
@@ -61,11 +63,16 @@ def model_of(row: dict) -> ModelConfig:
     return ModelConfig(vocab=int(row["vocab"]), hidden=int(row["hidden"]), layers=int(row["layers"]),
                        heads=int(row["heads"]), kv_heads=int(row["kv_heads"]), ffn=int(row["ffn"]),
                        max_seq=int(row["seq"]), tie_embeddings=row["tied"] == "yes", family=row["family"],
-                       attention=row["attention"])
+                       attention=row["attention"], experts=int(row["experts"] or 1), top_k=int(row["top_k"] or 1))
+
+
+def layout_of(row: dict) -> tuple:
+    """(dp, tp, pp, cp), and ep where the run split its experts (plan.Candidate.layout)."""
+    return tuple(int(row[k]) for k in ("dp", "tp", "pp", "cp")) + ((int(row["ep"]),) if row["ep"] else ())
 
 
 def pinned_values(row: dict) -> tuple:
-    out = [(k, int(row[k])) for k in ("dp", "tp", "pp", "cp")]
+    out = [(k, int(row[k])) for k in ("dp", "tp", "pp", "cp", "ep") if row[k]]
     for key in PINNABLE:
         value = row[key]
         if value:
@@ -95,7 +102,7 @@ def job_of(row: dict, model: ModelConfig, fixed: tuple) -> Job:
 
 def validate(row: dict) -> dict:
     model, gpu = model_of(row), find_gpu(row["gpu"])
-    layout = tuple(int(row[k]) for k in ("dp", "tp", "pp", "cp"))
+    layout = layout_of(row)
     pinned = plan(job_of(row, model, pinned_values(row)), gpu)
     fits = bool(pinned.ranked)
     if not fits:   # price its step anyway, on a GPU with room for it
@@ -113,7 +120,7 @@ def validate(row: dict) -> dict:
 
 
 def show(results: list[dict], markdown: bool) -> None:
-    head = ["run", "dp-tp-pp-cp", "published s", "predicted s", "ratio", "pred. MFU", "GiB/GPU", "rank",
+    head = ["run", "dp-tp-pp-cp(-ep)", "published s", "predicted s", "ratio", "pred. MFU", "GiB/GPU", "rank",
             "planner's first"]
     rows = []
     for r in results:
