@@ -22,7 +22,7 @@ from plscale.files import write_json  # noqa: E402
 from plscale.predict.step_time import LABELS, TERMS  # noqa: E402
 
 COLORS = {"compute": "#4c72b0", "bubble": "#bbbbbb", "tp": "#dd8452", "dp": "#55a868", "pp": "#8172b3",
-          "cp": "#c44e52", "optimizer": "#937860"}
+          "cp": "#c44e52", "ep": "#da8bc3", "optimizer": "#937860"}
 
 
 def ranks(values: list[float]) -> list[float]:

@@ -40,6 +40,9 @@ def settings_of(c: dict) -> list[str]:
     if c["recompute"] != "none":
         raise UserError(f"The plan's layout {name_of(c)} recomputes ({c['recompute']}); the lab keeps every "
                         f"activation: plan with --recompute none.")
+    if c.get("ep", 1) != 1:
+        raise UserError(f"The plan's layout {name_of(c)} splits experts over ep {c['ep']}; the lab trains a dense "
+                        f"Llama: plan one of its presets.")
     if c["virtual"] != 1:
         raise UserError(f"The plan's layout {name_of(c)} interleaves {c['virtual']} chunks a stage; the lab runs "
                         f"plain 1F1B: plan with --virtual 1.")
