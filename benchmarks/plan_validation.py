@@ -68,7 +68,7 @@ def model_of(row: dict) -> ModelConfig:
 
 def layout_of(row: dict) -> tuple:
     """(dp, tp, pp, cp), and ep where the run split its experts (plan.Candidate.layout)."""
-    return tuple(int(row[k]) for k in ("dp", "tp", "pp", "cp")) + ((int(row["ep"]),) if row["ep"] else ())
+    return tuple(int(row[k]) for k in ("dp", "tp", "pp", "cp")) + ((int(row["ep"]),) if int(row["ep"] or 1) > 1 else ())
 
 
 def pinned_values(row: dict) -> tuple:

@@ -12,6 +12,7 @@ import torch
 from transformers import MixtralConfig, MixtralForCausalLM
 from torch.utils.flop_counter import FlopCounterMode
 
+from plscale.predict import tensors
 from plscale.predict.cluster import GPUS
 from plscale.predict.memory import MODEL_STATES, Setup, estimate
 from plscale.predict.plan import Job, plan
@@ -43,6 +44,12 @@ def test_mixtral_parameters_match_transformers_and_mistral(name, total_b, active
     assert active == dense + experts * c.top_k // c.experts               # the norms are not matmuls
     digits = 1 if total_b < 100 else 0                                    # Mistral's "46.7B ... 12.9B", "141B ... 39B"
     assert (round(param_count(c) / 1e9, digits), round(active / 1e9, digits)) == (total_b, active_b)
+
+
+def test_mixtral_tensors_in_transformers_order():
+    c = ModelConfig(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, ffn=96, max_seq=128, tie_embeddings=False,
+                    experts=4, top_k=2)
+    assert tensors.sizes(c) == [p.numel() for p in hf_mixtral(c).parameters()]
 
 
 def test_moe_training_flops_match_pytorchs_flop_counter():
@@ -116,3 +123,27 @@ def test_plan_cli_chooses_expert_parallelism_and_refuses_bad_ep():
                        (["--model", "mixtral-8x7b", "--activations", "plscale"], "plscale's Llama has no experts")):
         bad = plscale("plan", *args)
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_bad_expert_layouts_say_what_is_wrong():
+    for args, says in ((["--gpus", "4", "--ep", "8"], "--ep 8 comes out of the data-parallel ranks"),
+                       (["--gpus", "64", "--tp", "2", "--no-sp"], "needs sequence parallelism"),
+                       (["--gpus", "64", "--zero", "3", "--ep", "8"], "DeepSpeed's MoE layers refuse ZeRO-3")):
+        bad = plscale("plan", "--model", "mixtral-8x7b", *args)
+        assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    for args, says in ((["--tp", "2", "--ep", "4"], "needs sequence parallelism"),
+                       (["--cp", "16", "--ep", "8"], "come from the 4 data-parallel ranks: use --ep 1, 2, 4")):
+        bad = plscale("estimate", "memory", "--model", "mixtral-8x7b", "--gpus", "64", "--stage", "1", *args)
+        assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_estimate_memory_with_ep_prices_megatrons_bytes_from_the_cli():
+    c = SHAPES["mixtral-8x7b"]
+    dense, experts = split_counts(hf_mixtral(c))
+    done = plscale("estimate", "memory", "--model", "mixtral-8x7b", "--gpus", "64", "--stage", "1", "--ep", "8",
+                   "--optimizer", "megatron", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    states = sum(out["terms"][name]["device"] for name in MODEL_STATES)
+    assert states == pytest.approx(dense * (6 + 12 / 64) + experts / 8 * (6 + 12 / 8), rel=1e-9)
+    assert out["setup"]["activations"] == "megatron" and out["activations"] is None   # Megatron's count: one term

@@ -32,14 +32,16 @@ ASSUMPTIONS = [
     ("tp: Megatron's collectives (tensor_parallel.collectives), over NVLink, not overlapped unless --tp-overlap "
      "(then only what the compute cannot cover); sequence parallelism on or off; full recomputation reruns the "
      "forward ones"),
-    ("dp: gradient reduce-scatter/all-reduce over dp x cp (ZeRO-3 adds parameter all-gathers) hidden behind the "
-     "backward of its micro-batch; parameter all-gathers after the step exposed unless --overlap-param-gather"),
+    ("dp: gradient reduce-scatter/all-reduce over dp x cp (the experts' over dp x cp / ep; ZeRO-3 adds parameter "
+     "all-gathers) hidden behind the backward of its micro-batch; parameter all-gathers after the step exposed "
+     "unless --overlap-param-gather"),
     "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
     ("cp: ring attention's k, v hops of the rank's kv heads (context_parallel.ring_bytes) hidden behind its "
      "causal zig-zag attention core"),
     ("ep (a mixture of experts): ep ranks out of dp hold E/ep experts each, their states sharded over dp/ep; the "
      "router's dispatch and combine all-to-alls (4 a MoE layer a micro-batch, k routes a token, dropless and evenly "
-     "routed) on the critical path, not overlapped; sequence parallelism always on with tp > 1"),
+     "routed) on the critical path, not overlapped; sequence parallelism always on with tp > 1; the tp group's "
+     "gathers of the k routes a token counted as a dense MLP's (1x, not kx); no ZeRO-3 with ep > 1"),
     ("optimizer: AdamW's step over the states a rank keeps (/ dp x cp under ZeRO), 28 bytes a parameter at the "
      "GPU's memory bandwidth; on CPU ranks (--here) measured, with gloo's collectives, a p2p hop and a layer's fixed cost"),
     ("links: Megatron's rank order (tp, cp, ep, dp, pp); a group spanning nodes with k members a node runs at "
@@ -212,7 +214,7 @@ def plan(
     if top < 1:
         raise UserError(f"--top {top}: print at least 1.")
     global_batch = max(1, 2**22 // seq) if global_batch is None else global_batch
-    if ep is not None and not config.moe:
+    if ep not in (None, 1) and not config.moe:
         raise UserError(f"--ep {ep}: {name}'s MLPs are dense; expert parallelism splits a mixture of experts "
                         f"({', '.join(k for k, v in SHAPES.items() if v.moe)}).")
     if ep is not None and (ep < 1 or config.experts % ep):
@@ -247,7 +249,7 @@ def plan(
                 "activations": "recomputation, a shorter --seq, more tp or cp, or a smaller --micro-batch"}.get(
                     biggest, "more GPUs, a larger GPU, a shorter --seq or a smaller model")
         raise UserError(f"No configuration fits: the smallest needs at least {gib(c.memory):.1f} GiB per GPU (dp {c.dp} "
-                        f"tp {c.tp} pp {c.pp} cp {c.cp}, ZeRO-{c.zero}, recompute {c.recompute}, micro-batch "
+                        f"tp {c.tp} pp {c.pp} cp {c.cp}{f' ep {c.ep}' if c.ep > 1 else ''}, ZeRO-{c.zero}, recompute {c.recompute}, micro-batch "
                         f"{c.micro_batch}{': ' + parts if parts else ''}); the GPU has {gib(cluster.memory):.1f} GiB, "
                         f"{gib(usable):.1f} usable with {headroom:.0%} headroom"
                         f"{f'; most of it is {biggest}' if biggest else ''}: {hint}.")
@@ -302,6 +304,10 @@ def plan(
                   + "[/]", highlight=False)
 
 
+def config_is_moe(name: str) -> bool:
+    return name in SHAPES and SHAPES[name].moe
+
+
 def run_it(name: str, ranked: list, seq: int, precision: str, per_node: int, here: bool) -> list[str]:
     """The lab command that trains the plan's best layout the zero lab can run, with the model: data
     parallelism under ZeRO 0-3, no recomputation (lab 04 trains a preset or a Hugging Face folder;
@@ -315,6 +321,9 @@ def run_it(name: str, ranked: list, seq: int, precision: str, per_node: int, her
                     f"(huggingface-cli download {target} --local-dir models/{target.split('/')[-1]}) and plan "
                     f"--model hf:models/{target.split('/')[-1]} for the command."]
         model = [f"model.hf={target}"]
+    elif config_is_moe(name):
+        return ["run it: no lab trains a Mixtral yet; lab 08 runs expert parallelism on plscale's MoE Llama "
+                "(plscale lab run moe-deepspeed)."]
     elif name in PRESETS:
         model = [f"model.preset={name}"]
     else:

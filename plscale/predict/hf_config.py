@@ -30,7 +30,7 @@ def from_hf(raw: dict, source: str = "config.json") -> tuple[ModelConfig, list[s
     if moe:
         raise _refuse(source, f"is a mixture of experts ({moe[0]} = {raw[moe[0]]}): a Hugging Face config's experts "
                               f"are not read yet (the planner knows Mixtral's shapes by name: {{model}} mixtral-8x7b, "
-                              f"mixtral-8x22b; plscale's own MoE Llama: estimate parallel)")
+                              f"mixtral-8x22b; plscale's own MoE Llama: estimate moe)")
     if kind in LLAMA_LIKE:
         return _llama(raw, kind, source)
     if kind == "gpt2":

@@ -101,6 +101,9 @@ E/ep of every layer's experts, split over tp as the MLP is, and everything else 
 expert-data-parallel group), so ZeRO shards the experts' states over N/ep ranks and the rest over N:
 each term is the dense part's over N plus the experts' over N/ep (a Mixtral-8x7B under Megatron's
 distributed optimizer on N = 64, ep 8: 6 + 12/64 bytes a dense parameter, 6 + 12/8 an expert's).
+Rules 5 and 6 (whole tensors at partition edges, ZeRO-3's persistent tensors) are not applied to a
+mixture of experts: how its experts are laid out in tensors differs between transformers' versions
+(one tensor an expert's matrix, or all experts' fused), so its partitions are the paper's pΨ/N.
 """
 
 from dataclasses import asdict, dataclass, field, replace
@@ -255,7 +258,7 @@ def _expert_terms(s: Setup, psi: float) -> list[Term]:
                               "paper with {ep}.", show="deepspeed")
     experts = expert_rank_params(s)
     dense = _paper_terms(s, psi - experts)
-    theirs = _paper_terms(replace(s, dp=s.dp // s.ep), experts / s.ep)
+    theirs = _paper_terms(replace(s, dp=s.dp // s.ep, persistence_threshold=0), experts / s.ep)   # norms: dense
     def named(formula, mark, n):
         return formula.replace("Ψ", f"Ψ{mark}").replace("/N", f"/{n}")
     terms = [Term(d.name, d.device + e.device, d.host + e.host,
@@ -275,7 +278,7 @@ def _parameters(s: Setup, psi: float, p: int, n: int, shown: str) -> Term:
 
 def _persistent(s: Setup) -> int:
     """Rule 6: elements of the tensors ZeRO-3 keeps whole on every rank; 0 without the layout."""
-    if s.stage != 3 or s.model is None or s.tp != 1 or s.pp != 1 or s.dp < 2:
+    if s.stage != 3 or s.model is None or s.model.moe or s.tp != 1 or s.pp != 1 or s.dp < 2:
         return 0
     sizes = tensor_sizes(s.model)
     return sum(n for n in sizes if n <= s.persistence_threshold) if sum(sizes) == s.params else 0
@@ -311,7 +314,7 @@ def _gradients(s: Setup, psi: float) -> Term:
 def _whole_tensors(s: Setup, psi: float) -> list | None:
     """Rule 5: the bytes of the whole tensors each rank's gradient partition holds at ZeRO-1/2
     (plscale.predict.zero_partitions), or None without the layout (no shape, tp or pp > 1, N = 1)."""
-    if s.stage not in (1, 2) or s.model is None or s.tp != 1 or s.pp != 1 or s.dp < 2:
+    if s.stage not in (1, 2) or s.model is None or s.model.moe or s.tp != 1 or s.pp != 1 or s.dp < 2:
         return None
     sizes = tensor_sizes(s.model)
     return [BYTES[s.precision] * h for h in _held(tuple(sizes), s.dp)] if sum(sizes) == psi else None

@@ -19,6 +19,8 @@ mixture of experts (Megatron-Core requires it with tp > 1).
 A mixture of experts (ModelConfig.experts) adds ep, the expert-parallel ranks: a divisor of dp that
 divides the experts (Megatron-Core carves its expert-parallel group from the data-parallel ranks, at
 expert tensor parallelism tp); memory.py splits the experts' states, step_time adds the all-to-alls.
+ZeRO-3 is not offered with ep > 1 (DeepSpeed's MoE layers refuse it; FSDP2 with expert parallelism,
+torchtitan's, is not modelled).
 
 Memory per GPU: plscale.predict.memory.estimate (model states, ZeRO over dp x cp ranks, and
 activations; 1F1B's first stage holds pp micro-batches of L/pp layers, the whole model's worth).
@@ -266,6 +268,16 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
     if given.get("cp", 1) > 1 and job.seq % (2 * given["cp"]):
         return (f"{{cp}} {given['cp']}: the zig-zag split needs {{seq}} {job.seq} to be a multiple of "
                 f"{2 * given['cp']}")
+    if job.model.moe and fixed.get("zero") == 3 and fixed.get("ep", 1) > 1:
+        return f"{{zero}} 3 with {{ep}} {fixed['ep']}: DeepSpeed's MoE layers refuse ZeRO-3; use {{zero}} 0-2 or {{ep}} 1"
+    if job.model.moe and "ep" in fixed:
+        most = max((d for d, *_ in layouts(replace(job, fixed=tuple((k, v) for k, v in job.fixed if k != "ep")), gpu)),
+                   default=0)
+        if most % fixed["ep"]:
+            return (f"{{ep}} {fixed['ep']} comes out of the data-parallel ranks, and no layout left has a dp it divides "
+                    f"(the largest dp here: {most})")
+    if job.model.moe and fixed.get("sp") is False and fixed.get("tp", 1) > 1:
+        return f"a mixture of experts with {{tp}} {fixed['tp']} needs sequence parallelism (Megatron-Core): leave {{sp}} on"
     if "dp" in given and job.global_batch % given["dp"]:
         dp = given["dp"]
         return (f"{{global_batch}} {job.global_batch} does not split over {{dp}} {dp} replicas: try {{global_batch}} "
@@ -297,8 +309,10 @@ def plan(job: Job, gpu: GPU) -> Plan:
             continue     # Megatron-Core's experts need sequence parallelism with tp > 1
         sp_options = [sp for sp in ((True,) if job.model.moe else (True, False)) if splits] or [False]
         sp_options = [sp for sp in sp_options if job.allows(sp=sp)]
-        eps = [e for e in divisors(dp) if job.model.experts % e == 0 and job.allows(ep=e)] if job.model.moe \
-            else [1] * job.allows(ep=1)
+        if job.model.moe:
+            eps = [e for e in divisors(dp) if job.model.experts % e == 0 and job.allows(ep=e)]
+        else:
+            eps = [1] if job.allows(ep=1) else []
         per_replica = job.global_batch // dp
         for micro_batch in divisors(per_replica):
             m = per_replica // micro_batch
@@ -308,8 +322,8 @@ def plan(job: Job, gpu: GPU) -> Plan:
             chunks = [v for v in chunks if job.allows(virtual=v)]
             for zero, recompute, sp, ep in product(zero_stages(dp, cp, pp, job.optimizer), RECOMPUTE, sp_options,
                                                    eps):
-                if not job.allows(zero=zero, recompute=recompute):
-                    continue
+                if not job.allows(zero=zero, recompute=recompute) or (zero == 3 and ep > 1):
+                    continue   # DeepSpeed's MoE refuses ZeRO-3; Megatron's optimizer is ZeRO-1
                 setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0, ep=ep),
                                      stage_layers)
                 memory = estimate(setup)

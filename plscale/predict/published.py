@@ -53,10 +53,10 @@ SHAPES = {
                               max_seq=8192, tie_embeddings=False, rope_theta=500_000.0),
     "llama3-405b": ModelConfig(vocab=128256, hidden=16384, layers=126, heads=128, kv_heads=8, ffn=53248,
                                max_seq=131072, tie_embeddings=False, rope_theta=500_000.0),
-    # Mixtral's shapes (Mistral AI's config.json): 8 experts, top-2, untied; 46.7B and 140.6B parameters.
+    # Mixtral's shapes (the v0.1 base models' config.json): 8 experts, top-2, untied; 46.7B and 140.6B parameters.
     "mixtral-8x7b": ModelConfig(vocab=32000, hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, max_seq=32768,
                                 tie_embeddings=False, rope_theta=1e6, experts=8, top_k=2),
-    "mixtral-8x22b": ModelConfig(vocab=32768, hidden=6144, layers=56, heads=48, kv_heads=8, ffn=16384,
+    "mixtral-8x22b": ModelConfig(vocab=32000, hidden=6144, layers=56, heads=48, kv_heads=8, ffn=16384,
                                  max_seq=65536, tie_embeddings=False, rope_theta=1e6, experts=8, top_k=2),
     "gpt-145b": ModelConfig(vocab=51200, hidden=12288, layers=80, heads=96, kv_heads=96, ffn=32768, max_seq=2048),
     "gpt-310b": ModelConfig(vocab=51200, hidden=16384, layers=96, heads=128, kv_heads=128, ffn=43688, max_seq=2048),

@@ -135,8 +135,9 @@ class Setup:
     virtual: int = 1                  # model chunks per pipeline rank (interleaved 1F1B; megatron.py's count)
     optimizer: str = "deepspeed"      # whose gradients (memory.py, OPTIMIZERS): DeepSpeed's ZeRO optimizer,
                                       # Megatron-LM's (fp32 main grads) or DeepSpeed's BF16_Optimizer
-    ep: int = 1                       # expert-parallel ranks (model.experts > 1): each holds experts / ep of them,
-                                      # their states sharded over dp / ep ranks (memory.py)
+    ep: int = 1                       # expert-parallel ranks (model.experts > 1), out of the dp / cp data-parallel
+                                      # ones: each holds experts / ep of them, their states sharded over dp / ep
+                                      # ranks (memory.py; dp here is dp x cp)
     reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
                                       # memory.py's rule 2); False: after it, from whole gradients (plscale's
                                       # hand-written ZeRO-1, strategies/hybrid/zero1.py)
@@ -187,7 +188,10 @@ class Setup:
             raise PredictionError("activations", self.activations, ": plscale's Llama has no experts: count a "
                                   "mixture of experts' activations as Megatron-LM keeps them ({activations} megatron).")
         if self.ep > 1:
-            check_ep(self.ep, self.dp, self.model)
+            check_ep(self.ep, self.dp // self.cp, self.model)
+        if self.model and self.model.moe and self.tp > 1 and not self.sp:
+            raise PredictionError("sp", self.sp, ": a mixture of experts with tp > 1 needs sequence parallelism "
+                                  "(Megatron-Core refuses it without): add {sp}.", show="")
         if self.model:
             check_core(self.model.attention)
         if self.model and self.tp > 1:

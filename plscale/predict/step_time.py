@@ -35,8 +35,9 @@ the one with the most compute + tp + cp sets every term.
             stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes (Ψ =
             memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer; with expert parallelism
-            the experts' ep-th syncs over the dp x cp / ep ranks holding the same experts, tp x cp x ep
-            apart, its seconds added to the dense part's before the overlap below), issued a layer at a time
+            the experts' ep-th syncs over the dp x cp / ep ranks holding the same experts, priced as one group
+            tp x cp x ep apart (with cp > 1 its cp members sit closer: an upper bound), its seconds added to
+            the dense part's before the overlap below), issued a layer at a time
             (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a
             step; 2 a reduce-scatter a micro-batch and an all-gather a step; 3 per micro-batch an all-gather
             forward, one backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:

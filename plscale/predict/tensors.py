@@ -19,8 +19,9 @@ modules (modeling_llama.py, modeling_qwen2.py, modeling_gpt2.py):
     GPT-2                   wte V x d, wpe P x d | per layer: ln_1 (weight d, bias d), c_attn
                             (Conv1D: weight d x 3d, bias 3d), c_proj (d x d, d), ln_2 (d, d),
                             c_fc (d x f, f), c_proj (f x d, d) | ln_f (d, d) | lm_head tied
-    Mixtral (experts)       ... o_proj, then block_sparse_moe: gate E x d, each expert's w1 f x d,
-                            w2 d x f, w3 f x d ... (plscale's own Llama has no experts: the same order)
+    Mixtral (experts)       ... o_proj, then mlp.gate E x d, mlp.experts.gate_up_proj E x 2f x d and
+                            down_proj E x d x f (every expert's fused, transformers 5; transformers 4
+                            held a tensor an expert's matrix), input_layernorm d, post_attention_layernorm d
 A tied head is the embedding's own tensor: model.parameters() yields it once, at the embedding.
 """
 
@@ -35,7 +36,7 @@ def layer(c: ModelConfig) -> list[Shape]:
     if c.family == "gpt2":
         return [(d, 1), (d, 1), (d, 3 * d), (3 * d, 1), (d, d), (d, 1), (d, 1), (d, 1), (d, f), (f, 1), (f, d), (d, 1)]
     if c.moe:
-        return [(d, d), (kv, d), (kv, d), (d, d), (c.experts, d), *[(f, d), (d, f), (f, d)] * c.experts,
+        return [(d, d), (kv, d), (kv, d), (d, d), (c.experts, d), (c.experts, 2 * f * d), (c.experts, d * f),
                 (d, 1), (d, 1)]
     if c.origin == "plscale":
         return [(d, 1), (d, d), (kv, d), (kv, d), (d, d), (d, 1), (f, d), (f, d), (d, f)]

@@ -88,6 +88,9 @@ def memory(
     --optimizer megatron: fp32 gradients, 4Ψ (Megatron's docs: 18 bytes
     a parameter, 6 + 12/N at stage 1); bf16-optimizer: pΨ + 4Ψ (DeepSpeed's
     BF16_Optimizer) + KΨ/N at stage 1. Both bf16, stage 0 or 1.
+    --ep (a mixture of experts): ep of the data-parallel ranks hold an ep-th
+    of the experts each; every term is the dense parameters' Ψd over N plus
+    the rank's experts' Ψe over N/ep (the ranks holding the same experts).
 
     Activations of plscale's Llama (b micro batch, s sequence, h hidden,
     h_kv key/value width, f SwiGLU width, a heads, V vocabulary, t = tp),
@@ -156,7 +159,8 @@ def memory(
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
     if as_json:
-        parts = config and {"kept_at_forward_end": activation_bytes(setup), "one_rerun": rebuilt_bytes(setup)}
+        parts = {"kept_at_forward_end": activation_bytes(setup), "one_rerun": rebuilt_bytes(setup)} \
+            if config and setup.activations == "plscale" else None   # plscale's count's two parts; Megatron's: one
         typer.echo(json.dumps({**result.to_dict(), "activations": parts, "flops_per_token": flops and {
             **asdict(flops), "time_ratio": flops.time_ratio}}, indent=2, ensure_ascii=False))
         _check_budget(budget, need, model, stage, gpus)
@@ -164,7 +168,8 @@ def memory(
 
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
                         f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}"
-                        f"{f' x cp {cp}' if cp > 1 else ''}", title_justify="left")
+                        f"{f' x cp {cp}' if cp > 1 else ''}{f', ep {ep} of the dp' if ep > 1 else ''}",
+                  title_justify="left")
     unit, scale = ("GiB", GiB) if result.total("device") + result.total("host") >= GiB else ("MiB", MiB)
     for column in ("", f"device {unit}", f"host {unit}", "formula"):
         table.add_column(column, justify="right" if unit in column else "left")
