@@ -50,10 +50,18 @@ class ModelConfig:
     origin: str = "plscale"   # whose modules hold the tensors, and so their order: "plscale" or "hf" (predict.tensors)
     experts: int = 1          # E SwiGLU experts a layer's MLP (1: a dense MLP)
     top_k: int = 1            # the experts a token goes to (with experts > 1)
+    head_size: int = 0        # a head's width where it is not hidden / heads (Qwen3: 128 at hidden 2048, 32 heads);
+                              # 0: hidden / heads
+    qk_norm: bool = False     # an RMSNorm of a head's width on q and on k (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """The width of q and of the attention's output: heads x head_dim (hidden, unless head_size says)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -104,7 +112,7 @@ def mlp_params(c: ModelConfig) -> int:
 
 def layer_matmul_params(c: ModelConfig) -> int:
     """One layer's matmul weights, every expert's (not the router's): what its tensor-parallel shards hold."""
-    return 2 * c.hidden * c.hidden + 2 * c.hidden * c.kv_dim + c.experts * mlp_params(c)
+    return 2 * c.hidden * c.q_dim + 2 * c.hidden * c.kv_dim + c.experts * mlp_params(c)
 
 
 def router_params(c: ModelConfig) -> int:
@@ -123,8 +131,8 @@ def layer_params(c: ModelConfig) -> int:
     d, f = c.hidden, c.ffn
     if c.family == "gpt2":  # every projection has a bias; two LayerNorms of weight and bias
         return layer_matmul_params(c) + (3 * d + d) + (f + d) + 2 * 2 * d
-    biases = (d + 2 * c.kv_dim if c.qkv_bias else 0) + (d if c.o_bias else 0) + ((2 * f + d) if c.mlp_bias else 0)
-    return layer_matmul_params(c) + router_params(c) + biases + 2 * d
+    biases = (c.q_dim + 2 * c.kv_dim if c.qkv_bias else 0) + (d if c.o_bias else 0) + ((2 * f + d) if c.mlp_bias else 0)
+    return layer_matmul_params(c) + router_params(c) + biases + 2 * d + (2 * c.head_dim if c.qk_norm else 0)
 
 
 def param_count(c: ModelConfig) -> int:
@@ -143,10 +151,10 @@ def largest_layer_params(c: ModelConfig) -> int:
 
 def flops_per_token(c: ModelConfig, seq: int) -> float:
     """Training FLOPs per token: 6 per weight of the matmuls (forward 2, backward 4), plus
-    attention's scores and weighted sum, 6 * 2 * L * seq * d (counted causal-free, as in
+    attention's scores and weighted sum, 6 * 2 * L * seq * heads * head_dim (d unless head_size; causal-free, as in
     the PaLM paper's MFU). With experts, the weights a token runs through (layer_active_params)."""
     matmul_weights = c.layers * layer_active_params(c) + c.vocab * c.hidden
-    return 6 * matmul_weights + 12 * c.layers * seq * c.hidden
+    return 6 * matmul_weights + 12 * c.layers * seq * c.q_dim
 
 
 def check_experts(c: ModelConfig) -> None:

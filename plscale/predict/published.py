@@ -58,6 +58,14 @@ SHAPES = {
                                 tie_embeddings=False, rope_theta=1e6, experts=8, top_k=2),
     "mixtral-8x22b": ModelConfig(vocab=32000, hidden=6144, layers=56, heads=48, kv_heads=8, ffn=16384,
                                  max_seq=65536, tie_embeddings=False, rope_theta=1e6, experts=8, top_k=2),
+    # Qwen3's MoE shapes (Qwen's config.json): 128 experts, top-8, heads of 128 wider than hidden / heads, q and k
+    # normed; 30.5B and 235B parameters (transformers' count; Qwen: "30.5B total, 3.3B activated", "235B, 22B").
+    "qwen3-30b-a3b": ModelConfig(vocab=151936, hidden=2048, layers=48, heads=32, kv_heads=4, ffn=768, max_seq=40960,
+                                 tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6, experts=128, top_k=8,
+                                 head_size=128, qk_norm=True),
+    "qwen3-235b-a22b": ModelConfig(vocab=151936, hidden=4096, layers=94, heads=64, kv_heads=4, ffn=1536,
+                                   max_seq=40960, tie_embeddings=False, rope_theta=1e6, norm_eps=1e-6, experts=128,
+                                   top_k=8, head_size=128, qk_norm=True),
     "gpt-145b": ModelConfig(vocab=51200, hidden=12288, layers=80, heads=96, kv_heads=96, ffn=32768, max_seq=2048),
     "gpt-310b": ModelConfig(vocab=51200, hidden=16384, layers=96, heads=128, kv_heads=128, ffn=43688, max_seq=2048),
 }

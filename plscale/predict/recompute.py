@@ -56,7 +56,7 @@ def layer_forward_flops(c: ModelConfig, seq: int) -> float:
 
 def attention_core_flops(c: ModelConfig, seq: int) -> float:
     """The attention core's forward per token: q k^T and p v, 2 x 2 x s x h (causal-free)."""
-    return 4 * seq * c.hidden
+    return 4 * seq * c.q_dim
 
 
 def step_flops(c: ModelConfig, seq: int, strategy: str = "none", layers: int = 0) -> StepFlops:

@@ -75,8 +75,8 @@ def layer_split(c: ModelConfig) -> tuple[int, int]:
     d, f = c.hidden, c.ffn
     if c.family == "gpt2":
         return layer_matmul_params(c) + 3 * d + f, 2 * d + 2 * 2 * d
-    column = (d + 2 * c.kv_dim if c.qkv_bias else 0) + (2 * f if c.mlp_bias else 0)
-    row = (d if c.o_bias else 0) + (d if c.mlp_bias else 0)
+    column = (c.q_dim + 2 * c.kv_dim if c.qkv_bias else 0) + (2 * f if c.mlp_bias else 0)
+    row = (d if c.o_bias else 0) + (d if c.mlp_bias else 0) + (2 * c.head_dim if c.qk_norm else 0)
     return layer_matmul_params(c) + column, row + 2 * d + router_params(c)
 
 

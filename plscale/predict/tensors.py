@@ -22,6 +22,8 @@ modules (modeling_llama.py, modeling_qwen2.py, modeling_gpt2.py):
     Mixtral (experts)       ... o_proj, then mlp.gate E x d, mlp.experts.gate_up_proj E x 2f x d and
                             down_proj E x d x f (every expert's fused, transformers 5; transformers 4
                             held a tensor an expert's matrix), input_layernorm d, post_attention_layernorm d
+    Qwen3 (qk_norm)         q_proj is (heads x head_dim) x d and o_proj d x (heads x head_dim); after o_proj
+                            q_norm and k_norm of head_dim; its MoE block registers the experts, then the gate
 A tied head is the embedding's own tensor: model.parameters() yields it once, at the embedding.
 """
 
@@ -32,17 +34,19 @@ Shape = tuple[int, int]
 
 def layer(c: ModelConfig) -> list[Shape]:
     """One decoder layer's tensors, in registration order."""
-    d, kv, f = c.hidden, c.kv_dim, c.ffn
+    d, q, kv, f = c.hidden, c.q_dim, c.kv_dim, c.ffn
+    qk = [(c.head_dim, 1)] * 2 if c.qk_norm else []
     if c.family == "gpt2":
         return [(d, 1), (d, 1), (d, 3 * d), (3 * d, 1), (d, d), (d, 1), (d, 1), (d, 1), (d, f), (f, 1), (f, d), (d, 1)]
     if c.moe:
-        return [(d, d), (kv, d), (kv, d), (d, d), (c.experts, d), (c.experts, 2 * f * d), (c.experts, d * f),
-                (d, 1), (d, 1)]
+        router, experts = [(c.experts, d)], [(c.experts, 2 * f * d), (c.experts, d * f)]
+        mlp = experts + router if c.qk_norm else router + experts   # Qwen3's block registers its router last
+        return [(q, d), (kv, d), (kv, d), (d, q), *qk, *mlp, (d, 1), (d, 1)]
     if c.origin == "plscale":
         return [(d, 1), (d, d), (kv, d), (kv, d), (d, d), (d, 1), (f, d), (f, d), (d, f)]
     bias = lambda rows, on: [(rows, 1)] if on else []  # noqa: E731
-    return [(d, d), *bias(d, c.qkv_bias), (kv, d), *bias(kv, c.qkv_bias), (kv, d), *bias(kv, c.qkv_bias),
-            (d, d), *bias(d, c.o_bias), (f, d), *bias(f, c.mlp_bias), (f, d), *bias(f, c.mlp_bias),
+    return [(q, d), *bias(q, c.qkv_bias), (kv, d), *bias(kv, c.qkv_bias), (kv, d), *bias(kv, c.qkv_bias),
+            (d, q), *bias(d, c.o_bias), *qk, (f, d), *bias(f, c.mlp_bias), (f, d), *bias(f, c.mlp_bias),
             (d, f), *bias(d, c.mlp_bias), (d, 1), (d, 1)]
 
 
