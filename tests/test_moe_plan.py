@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from transformers import MixtralConfig, MixtralForCausalLM
+from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from torch.utils.flop_counter import FlopCounterMode
 
 from plscale.predict import tensors
@@ -20,13 +20,18 @@ from plscale.predict.presets import ModelConfig, flops_per_token, layer_active_p
 from plscale.predict.published import SHAPES
 
 
-def hf_mixtral(c: ModelConfig, device: str = "meta") -> MixtralForCausalLM:
-    config = MixtralConfig(vocab_size=c.vocab, hidden_size=c.hidden, intermediate_size=c.ffn,
-                           num_hidden_layers=c.layers, num_attention_heads=c.heads, num_key_value_heads=c.kv_heads,
-                           num_local_experts=c.experts, num_experts_per_tok=c.top_k, max_position_embeddings=c.max_seq,
-                           tie_word_embeddings=c.tie_embeddings)
+def hf_mixtral(c: ModelConfig, device: str = "meta"):
+    """transformers' model of the shape: Mixtral's, or Qwen3's MoE where the shape has q and k norms."""
+    common = dict(vocab_size=c.vocab, hidden_size=c.hidden, num_hidden_layers=c.layers, num_attention_heads=c.heads,
+                  num_key_value_heads=c.kv_heads, num_experts_per_tok=c.top_k, max_position_embeddings=c.max_seq,
+                  tie_word_embeddings=c.tie_embeddings)
+    if c.qk_norm:
+        config, model = Qwen3MoeConfig(**common, moe_intermediate_size=c.ffn, num_experts=c.experts,
+                                       head_dim=c.head_dim, decoder_sparse_step=1, mlp_only_layers=[]), Qwen3MoeForCausalLM
+    else:
+        config, model = MixtralConfig(**common, intermediate_size=c.ffn, num_local_experts=c.experts), MixtralForCausalLM
     with torch.device(device):
-        return MixtralForCausalLM._from_config(config, attn_implementation="eager", experts_implementation="eager")
+        return model._from_config(config, attn_implementation="eager", experts_implementation="eager")
 
 
 def split_counts(model) -> tuple[int, int]:
@@ -35,26 +40,32 @@ def split_counts(model) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()) - experts, experts
 
 
-@pytest.mark.parametrize("name, total_b, active_b", [("mixtral-8x7b", 46.7, 12.9), ("mixtral-8x22b", 141, 39)])
-def test_mixtral_parameters_match_transformers_and_mistral(name, total_b, active_b):
+@pytest.mark.parametrize("name, total_b, active_b", [("mixtral-8x7b", 46.7, 12.9), ("mixtral-8x22b", 141, 39),
+                                                     ("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22)])
+def test_moe_parameters_match_transformers_and_their_publishers(name, total_b, active_b):
     c = SHAPES[name]
     dense, experts = split_counts(hf_mixtral(c))
     assert param_count(c) == dense + experts                              # 46,702,792,704 for 8x7B
-    active = c.layers * (layer_active_params(c) + 2 * c.hidden) + 2 * c.vocab * c.hidden + c.hidden
+    norms = 2 * c.hidden + (2 * c.head_dim if c.qk_norm else 0)
+    active = c.layers * (layer_active_params(c) + norms) + 2 * c.vocab * c.hidden + c.hidden
     assert active == dense + experts * c.top_k // c.experts               # the norms are not matmuls
-    digits = 1 if total_b < 100 else 0                                    # Mistral's "46.7B ... 12.9B", "141B ... 39B"
-    assert (round(param_count(c) / 1e9, digits), round(active / 1e9, digits)) == (total_b, active_b)
+    # Mistral's "46.7B ... 12.9B", "141B ... 39B"; Qwen's "30.5B ... 3.3B" (3.35: Qwen cuts, Mistral rounds)
+    last_digit = 0.1 if total_b < 100 else 1
+    assert abs(param_count(c) / 1e9 - total_b) < last_digit and abs(active / 1e9 - active_b) < last_digit
 
 
-def test_mixtral_tensors_in_transformers_order():
-    c = ModelConfig(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, ffn=96, max_seq=128, tie_embeddings=False,
-                    experts=4, top_k=2)
+TINY = ModelConfig(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, ffn=96, max_seq=128, tie_embeddings=False,
+                   experts=4, top_k=2)
+TINY_QWEN3 = replace(TINY, head_size=32, qk_norm=True)   # heads of 32, q 128 wide at hidden 64
+
+
+@pytest.mark.parametrize("c", [TINY, TINY_QWEN3], ids=["mixtral", "qwen3"])
+def test_moe_tensors_in_transformers_order(c):
     assert tensors.sizes(c) == [p.numel() for p in hf_mixtral(c).parameters()]
 
 
-def test_moe_training_flops_match_pytorchs_flop_counter():
-    c = ModelConfig(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, ffn=96, max_seq=128, tie_embeddings=False,
-                    experts=4, top_k=2)
+@pytest.mark.parametrize("c", [TINY, TINY_QWEN3], ids=["mixtral", "qwen3"])
+def test_moe_training_flops_match_pytorchs_flop_counter(c):
     torch.manual_seed(0)
     model, ids = hf_mixtral(c, "cpu"), torch.randint(0, c.vocab, (2, 32))
     with FlopCounterMode(display=False) as counter:
@@ -82,9 +93,9 @@ def test_expert_parallel_states_are_megatrons_distributed_optimizer_bytes():
 
 @pytest.mark.parametrize("name, gpus, layout, tflops", [
     # Megatron-LM's MoE README (commit c230e0d7c2): 468 TFLOP/s a GPU, its reference mapping for Mixtral-8x7B
-    ("mixtral-8x7b", 64, dict(dp=16, tp=1, pp=4, ep=8, virtual=8, micro_batch=1), 468),
+    ("mixtral-8x7b", 64, dict(dp=16, tp=1, pp=4, ep=8, etp=1, virtual=8, micro_batch=1), 468),
     # Liu et al. 2025 (MoE Parallel Folding), tables 2-3, Megatron-Core without folding: 458.3 TFLOP/s
-    ("mixtral-8x22b", 128, dict(dp=8, tp=2, pp=8, ep=4), 458.3),
+    ("mixtral-8x22b", 128, dict(dp=8, tp=2, pp=8, ep=4, etp=2), 458.3),
 ])
 def test_mixtral_step_time_within_15_percent_of_megatron_core(name, gpus, layout, tflops):
     c = SHAPES[name]
@@ -92,7 +103,7 @@ def test_mixtral_step_time_within_15_percent_of_megatron_core(name, gpus, layout
               gather_overlap=True)
     best = plan(job, GPUS["H100"]).ranked[0]
     published = flops_per_token(c, 4096) * 256 * 4096 / (gpus * tflops * 1e12)
-    assert best.layout == (layout["dp"], layout["tp"], layout["pp"], 1, layout["ep"])
+    assert best.layout == (layout["dp"], layout["tp"], layout["pp"], 1, layout["ep"], layout["etp"])
     assert best.terms["ep"] > 0 and best.step_s == pytest.approx(published, rel=0.15)
 
 
@@ -126,13 +137,14 @@ def test_plan_cli_chooses_expert_parallelism_and_refuses_bad_ep():
 
 
 def test_bad_expert_layouts_say_what_is_wrong():
-    for args, says in ((["--gpus", "4", "--ep", "8"], "--ep 8 comes out of the data-parallel ranks"),
+    for args, says in ((["--gpus", "4", "--ep", "8"], "--ep 8 comes out of a pipeline stage's tp x cp x dp ranks"),
                        (["--gpus", "64", "--tp", "2", "--no-sp"], "needs sequence parallelism"),
                        (["--gpus", "64", "--zero", "3", "--ep", "8"], "DeepSpeed's MoE layers refuse ZeRO-3")):
         bad = plscale("plan", "--model", "mixtral-8x7b", *args)
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     for args, says in ((["--tp", "2", "--ep", "4"], "needs sequence parallelism"),
-                       (["--cp", "16", "--ep", "8"], "come from the 4 data-parallel ranks: use --ep 1, 2, 4")):
+                       (["--ep", "16"], "split the 8 experts, and ep x etp 1 must divide a stage's 64 ranks"),
+                       (["--tp", "2", "--sp", "--ep", "4", "--etp", "3"], "use --etp 2 or 1")):
         bad = plscale("estimate", "memory", "--model", "mixtral-8x7b", "--gpus", "64", "--stage", "1", *args)
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 

@@ -151,7 +151,10 @@ def plan(
     pp: int = typer.Option(None, help="Fix the pipeline-parallel degree."),
     cp: int = typer.Option(None, help="Fix the context-parallel degree."),
     dp: int = typer.Option(None, help="Fix the data-parallel degree."),
-    ep: int = typer.Option(None, help="Fix the expert-parallel degree (a mixture of experts; ep ranks out of dp)."),
+    ep: int = typer.Option(None, help="Fix the expert-parallel degree (a mixture of experts: ep ranks of a stage's "
+                           "tp x cp x dp split the experts)."),
+    etp: int = typer.Option(None, help="Fix the experts' tensor-parallel split: the --tp (Megatron-Core's default) "
+                            "or 1 (whole experts: its parallel folding)."),
     zero: int = typer.Option(None, help="Fix the ZeRO stage (0-3)."),
     recompute: str = typer.Option(None, help="Fix recomputation: none, selective or full."),
     micro_batch: int = typer.Option(None, help="Fix the sequences per micro-batch."),
@@ -220,8 +223,12 @@ def plan(
     if ep is not None and (ep < 1 or config.experts % ep):
         ok = ", ".join(str(e) for e in range(1, config.experts + 1) if config.experts % e == 0)
         raise UserError(f"--ep {ep}: the {config.experts} experts split over ep {ok}.")
+    if etp is not None and not config.moe:
+        raise UserError(f"--etp {etp}: {name}'s MLPs are dense; --etp splits a mixture of experts' experts.")
+    if etp is not None and etp < 1:
+        raise UserError(f"--etp {etp}: use 1 (whole experts) or the --tp.")
     activations = ("megatron" if config.moe else "plscale") if activations is None else activations
-    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "zero": zero,
+    fixed = tuple((k, v) for k, v in {"tp": tp, "pp": pp, "cp": cp, "dp": dp, "ep": ep, "etp": etp, "zero": zero,
                                       "recompute": recompute,
                                       "micro_batch": micro_batch, "virtual": virtual, "sp": sp}.items()
                   if v is not None)
@@ -285,7 +292,8 @@ def plan(
         why = planner.why_faster(c, shown[i + 1]) if i + 1 < len(shown) else ""
         memory = f"{gib(c.memory):.1f}" if gib(c.memory) >= 0.1 else f"{gib(c.memory):.3f}"   # CPU ranks' small models
         table.add_row(str(i + 1), str(c.dp), f"{c.tp}{' sp' if c.sp else ''}", str(c.pp), str(c.cp),
-                      *(str(c.ep) for _ in experts), str(c.virtual), str(c.zero), c.recompute,
+                      *(f"{c.ep}{f' etp{c.expert_tp}' if c.expert_tp != c.tp else ''}" for _ in experts),
+                      str(c.virtual), str(c.zero), c.recompute,
                       f"{c.micro_batch} x {c.micro_batches}", memory, f"{c.step_s:.3g}", f"{c.tokens_per_s:,.0f}",
                       f"{c.mfu:.1%}", escape(why))
     console.print(table)

@@ -33,10 +33,11 @@ of s tokens (s / cp on a context-parallel rank) on a tensor-parallel rank of t:
              reads them and the incoming gradient and writes the outgoing one (3A), at the HBM
              bandwidth.
 
-A mixture of experts (ModelConfig.experts, ep expert-parallel ranks): the router's r x h -> E GEMM, and
-the E/ep experts a rank holds each run gate-and-up and down on their share of the tokens, r k ep / E rows
-(the ep ranks' k routes a token, spread evenly: dropless routing without imbalance), as separate GEMMs:
-few rows a GEMM pay their waves, so more experts a rank run slower.
+A mixture of experts (ModelConfig.experts, ep expert-parallel ranks, the experts split over etp: tp or 1):
+the router's r x h -> E GEMM, and the E/ep experts a rank holds each run gate-and-up and down, f/etp wide,
+on their share of the tokens, (r/t) etp k ep / E rows (an etp group's k routes a token from the ep ranks,
+spread evenly: dropless routing without imbalance), as separate GEMMs: few rows a GEMM pay their waves,
+so more experts a rank run slower.
 
 The layer's efficiency is its model FLOPs (forward + backward, causal-free, as presets.flops_per_token
 counts them) over peak x its seconds; step_time applies it to the step's FLOPs. Checked against
@@ -120,9 +121,9 @@ class LayerTime:
 
 
 def layer_time(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
-               sp: bool = False, precision: str = "bf16", fp8: bool = False, ep: int = 1) -> LayerTime:
+               sp: bool = False, precision: str = "bf16", fp8: bool = False, ep: int = 1, etp: int = 0) -> LayerTime:
     """One decoder layer's forward and backward on one GPU (module doc); fp8: its GEMMs in fp8."""
-    return _layer_time(_figures(gpu, precision, fp8), model, seq, micro_batch, tp, cp, sp, ep)
+    return _layer_time(_figures(gpu, precision, fp8), model, seq, micro_batch, tp, cp, sp, ep, etp or tp)
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,14 @@ def _figures(gpu: GPU, precision: str, fp8: bool) -> _Figures:
 
 @cache
 def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, tp: int, cp: int,
-                sp: bool, ep: int = 1) -> LayerTime:
+                sp: bool, ep: int = 1, etp: int = 1) -> LayerTime:
     rows, h, f = micro_batch * seq // cp, model.hidden, model.ffn
     up = f if model.family == "gpt2" else 2 * f
-    gemms = [(rows, (h + 2 * model.kv_dim) // tp, h, 1), (rows, h, h // tp, 1)]
+    gemms = [(rows, (model.q_dim + 2 * model.kv_dim) // tp, h, 1), (rows, h, model.q_dim // tp, 1)]
     if model.moe:   # the router; E/ep local experts, each fed its even share of the ep ranks' k routes a token
-        share = max(1, round(rows * model.top_k * ep / model.experts))
-        gemms += [(rows, model.experts, h, 1), (share, up // tp, h, model.experts // ep),
-                  (share, h, f // tp, model.experts // ep)]
+        share = max(1, round(rows // tp * etp * model.top_k * ep / model.experts))   # an etp group's tokens
+        gemms += [(rows, model.experts, h, 1), (share, up // etp, h, model.experts // ep),
+                  (share, h, f // etp, model.experts // ep)]
     else:
         gemms += [(rows, up // tp, h, 1), (rows, h, f // tp, 1)]
     forward = backward = 0.0
@@ -177,12 +178,12 @@ def _layer_time(gpu: _Figures, model: ModelConfig, seq: int, micro_batch: int, t
     hbm = gpu.hbm_gbs * 1e9
     flops = 3 * (2 * sum(m * n * k * count for m, n, k, count in gemms) + 4 * rows * seq * heads * d)
     if model.moe:   # the model's FLOPs: every token's k routes, not the share rounded
-        flops += 6 * (rows * model.top_k * ep - share * model.experts) * (up + f) * h // tp // ep
+        flops += 6 * (rows * model.top_k / tp - share * model.experts / (ep * etp)) * (up + f) * h
     return LayerTime(forward, backward, *attention, 2 * kept / hbm, 3 * kept / hbm, flops)
 
 
 def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, tp: int = 1, cp: int = 1,
-                     sp: bool = False, precision: str = "bf16", fp8: bool = False, ep: int = 1) -> float:
+                     sp: bool = False, precision: str = "bf16", fp8: bool = False, ep: int = 1, etp: int = 0) -> float:
     """Model FLOPs of a layer's forward and backward over peak x its seconds: the fraction of the dense
     peak of the training precision the layout's compute reaches (module doc); with fp8 GEMMs it may pass 1.
 
@@ -193,5 +194,5 @@ def layer_efficiency(gpu: GPU, model: ModelConfig, seq: int, micro_batch: int, t
     >>> round(layer_efficiency(GPUS["H100"], PRESETS["7b"], 4096, 1, fp8=True), 2)   # of the bf16 peak
     0.98
     """
-    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision, fp8, ep)
+    t = layer_time(gpu, model, seq, micro_batch, tp, cp, sp, precision, fp8, ep, etp)
     return t.model_flops / (gpu.peak(precision) * t.total)

@@ -96,11 +96,13 @@ gradients are summed like data parallelism's, and ZeRO shards over dp x cp ranks
 the ranks ZeRO shards over, whatever cp is: give dp x cp.
 
 Expert parallelism (a mixture of experts, ep ranks; Megatron-Core's, DeepSpeed-MoE's): each rank holds
-E/ep of every layer's experts, split over tp as the MLP is, and everything else as a dense model
-(`expert_rank_params`). The ranks holding the same experts, N/ep of the N, sum their gradients (the
-expert-data-parallel group), so ZeRO shards the experts' states over N/ep ranks and the rest over N:
-each term is the dense part's over N plus the experts' over N/ep (a Mixtral-8x7B under Megatron's
-distributed optimizer on N = 64, ep 8: 6 + 12/64 bytes a dense parameter, 6 + 12/8 an expert's).
+E/ep of every layer's experts, split over etp ranks (tp, as the MLP is: Megatron-Core's default; or 1,
+whole: its parallel folding), and everything else as a dense model (`expert_split`). Megatron-Core lays
+the experts out on their own grid over a stage's tp x N ranks, etp x ep x edp: the edp ranks holding the
+same experts sum their gradients, so ZeRO shards the experts' states over edp = tp N / (etp ep) ranks and
+the rest over N: each term is the dense part's over N plus the experts' over edp (a Mixtral-8x7B under
+Megatron's distributed optimizer on N = 64, ep 8, tp 1: 6 + 12/64 bytes a dense parameter, 6 + 12/8 an
+expert's).
 Rules 5 and 6 (whole tensors at partition edges, ZeRO-3's persistent tensors) are not applied to a
 mixture of experts: how its experts are laid out in tensors differs between transformers' versions
 (one tensor an expert's matrix, or all experts' fused), so its partitions are the paper's pΨ/N.
@@ -207,19 +209,26 @@ def rank_params(s: Setup) -> float:
     return s.params / (s.tp * s.pp)
 
 
-def expert_rank_params(s: Setup) -> float:
-    """The experts' share of rank_params before expert parallelism: the heaviest stage's layers' experts,
-    split over tp (0 for a dense model). A rank of an ep group holds an ep-th of it."""
+def stage_experts(s: Setup) -> float:
+    """Every expert parameter of the heaviest pipeline stage's layers (0 for a dense model)."""
     if s.model is None or not s.model.moe:
         return 0.0
-    return s.model.layers // s.pp * s.model.experts * mlp_params(s.model) / s.tp
+    return s.model.layers // s.pp * s.model.experts * mlp_params(s.model)
+
+
+def expert_split(s: Setup) -> tuple[float, float, int]:
+    """(dense, experts, edp): the parameters a rank holds outside the experts (rank_params, experts split over
+    tp as the MLP, taken out), its own experts' (an etp x ep-th of the stage's), and the ranks holding the same
+    experts, whose gradients are summed and over which ZeRO shards their states: tp x N / (etp x ep)."""
+    experts = stage_experts(s)
+    return rank_params(s) - experts / s.tp, experts / (s.expert_tp * s.ep), s.tp * s.dp // (s.expert_tp * s.ep)
 
 
 def estimate(s: Setup) -> Estimate:
     s.validate()
     psi = rank_params(s)
-    if s.ep > 1:
-        terms = _expert_terms(s, psi)
+    if s.ep > 1 or s.expert_tp != s.tp:
+        terms = _expert_terms(s)
     else:
         terms = (_deepspeed_terms if s.accounting == "deepspeed" else _paper_terms)(s, psi)
     if s.model is not None:
@@ -251,20 +260,20 @@ def _paper_terms(s: Setup, psi: float) -> list[Term]:
     return terms
 
 
-def _expert_terms(s: Setup, psi: float) -> list[Term]:
-    """Each model-state term as the dense parameters' over N plus the experts' (an ep-th of them) over N/ep."""
+def _expert_terms(s: Setup) -> list[Term]:
+    """Each model-state term as the dense parameters' over N plus the rank's experts' over edp (expert_split)."""
     if s.accounting == "deepspeed":
         raise PredictionError("accounting", s.accounting, ": DeepSpeed's estimators know no experts: use {accounting} "
                               "paper with {ep}.", show="deepspeed")
-    experts = expert_rank_params(s)
-    dense = _paper_terms(s, psi - experts)
-    theirs = _paper_terms(replace(s, dp=s.dp // s.ep, persistence_threshold=0), experts / s.ep)   # norms: dense
+    dense, experts, edp = expert_split(s)
+    ours = _paper_terms(s, dense)
+    theirs = _paper_terms(replace(s, dp=edp, persistence_threshold=0), experts)   # the norms are dense
     def named(formula, mark, n):
         return formula.replace("Ψ", f"Ψ{mark}").replace("/N", f"/{n}")
     terms = [Term(d.name, d.device + e.device, d.host + e.host,
-                  f"{named(d.formula, 'd', 'N')} + {named(e.formula.split(' (')[0], 'e', f'(N/{s.ep})')}")
-             for d, e in zip(dense, theirs)]
-    terms[0].formula += f" (Ψe: the rank's 1/{s.ep} of the experts)"
+                  f"{named(d.formula, 'd', 'N')} + {named(e.formula.split(' (')[0], 'e', str(edp))}")
+             for d, e in zip(ours, theirs)]
+    terms[0].formula += f" (Ψe: the rank's 1/{s.ep * s.expert_tp} of the experts, over {edp} ranks)"
     return terms
 
 

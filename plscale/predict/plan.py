@@ -16,9 +16,11 @@ a rank (v divides the stage's layers, pp divides m).
 Sequence parallelism, on or off, wherever tp > 1 and s/cp splits over tp (same bytes as TP alone,
 a t-th of the norms' activations: Korthikanti et al. 2022; BLOOM trained without it); always on for a
 mixture of experts (Megatron-Core requires it with tp > 1).
-A mixture of experts (ModelConfig.experts) adds ep, the expert-parallel ranks: a divisor of dp that
-divides the experts (Megatron-Core carves its expert-parallel group from the data-parallel ranks, at
-expert tensor parallelism tp); memory.py splits the experts' states, step_time adds the all-to-alls.
+A mixture of experts (ModelConfig.experts) adds ep, the expert-parallel ranks, and etp, the experts'
+tensor-parallel split: tp (Megatron-Core's default) or 1 (whole experts, its parallel folding, with
+ep > 1), ep dividing the experts and ep x etp the stage's tp x cp x dp ranks (Megatron-Core lays the
+experts out on their own grid over them); memory.py splits the experts' states, step_time adds the
+all-to-alls.
 ZeRO-3 is not offered with ep > 1 (DeepSpeed's MoE layers refuse it; FSDP2 with expert parallelism,
 torchtitan's, is not modelled).
 
@@ -74,7 +76,7 @@ class Job:
     efficiency: float | None = None   # fraction of the peak FLOP/s the compute reaches; None: the layer's
                                # at each candidate's shapes (step_time.efficiency, matmul.py)
     headroom: float = HEADROOM
-    fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, ep, zero, recompute,
+    fixed: tuple = ()          # (name, value) pairs a candidate must have: dp, tp, pp, cp, ep, etp, zero, recompute,
                                # micro_batch, virtual, sp
     overlap: bool = True       # communication hides behind compute where the module doc says (False: CPU
                                # ranks, where gloo's threads and the matmuls share the same cores)
@@ -137,19 +139,26 @@ class Candidate:
     tokens_per_s: float = 0.0
     mfu: float = 0.0
     efficiency: float = 0.0    # the fraction of the peak its compute reaches (step_time.efficiency)
-    ep: int = 1                # expert-parallel ranks (a mixture of experts), out of dp
+    ep: int = 1                # expert-parallel ranks (a mixture of experts)
+    etp: int = 0               # the experts' tensor-parallel split: 0 as tp, or 1 (whole: parallel folding)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def layout(self) -> tuple:
-        """(dp, tp, pp, cp), and ep after them where the experts are split."""
-        return (self.dp, self.tp, self.pp, self.cp) + ((self.ep,) if self.ep > 1 else ())
+        """(dp, tp, pp, cp), and (ep, etp) after them where the experts are split."""
+        split = self.ep > 1 or self.expert_tp != self.tp
+        return (self.dp, self.tp, self.pp, self.cp) + ((self.ep, self.expert_tp) if split else ())
 
     @property
     def step_s(self) -> float:
         return sum(self.terms.values())
 
     def to_dict(self) -> dict:
-        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "zero": self.zero,
+        return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "etp": self.expert_tp,
+                "zero": self.zero,
                 "recompute": self.recompute, "micro_batch": self.micro_batch, "micro_batches": self.micro_batches,
                 "virtual": self.virtual, "tie": self.tie, "sp": self.sp, "memory_gib": gib(self.memory),
                 "step_s": self.step_s, "terms_s": dict(self.terms), "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
@@ -234,7 +243,7 @@ def memory_setup(job: Job, c: Candidate, stage_layers: int) -> Setup:
     return Setup(params=param_count(model), stage=c.zero, dp=c.dp * c.cp, precision=job.precision, tp=c.tp,
                  pp=c.pp, sp=c.sp, model=model, seq=job.seq, micro_batch=c.micro_batch, grad_accum=c.micro_batches,
                  recompute=c.recompute, cp=c.cp, persistence_threshold=0,   # FSDP and Megatron shard every tensor
-                 activations=job.activations, virtual=c.virtual, optimizer=job.optimizer, ep=c.ep)
+                 activations=job.activations, virtual=c.virtual, optimizer=job.optimizer, ep=c.ep, etp=c.etp)
 
 
 def zero_stages(dp: int, cp: int, pp: int, optimizer: str = "deepspeed") -> tuple[int, ...]:
@@ -271,11 +280,11 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
     if job.model.moe and fixed.get("zero") == 3 and fixed.get("ep", 1) > 1:
         return f"{{zero}} 3 with {{ep}} {fixed['ep']}: DeepSpeed's MoE layers refuse ZeRO-3; use {{zero}} 0-2 or {{ep}} 1"
     if job.model.moe and "ep" in fixed:
-        most = max((d for d, *_ in layouts(replace(job, fixed=tuple((k, v) for k, v in job.fixed if k != "ep")), gpu)),
-                   default=0)
-        if most % fixed["ep"]:
-            return (f"{{ep}} {fixed['ep']} comes out of the data-parallel ranks, and no layout left has a dp it divides "
-                    f"(the largest dp here: {most})")
+        free = replace(job, fixed=tuple((k, v) for k, v in job.fixed if k not in ("ep", "etp")))
+        grids = [d * t * c for d, t, _, c, _ in layouts(free, gpu)]
+        if not any(g % (fixed["ep"] * fixed.get("etp", 1)) == 0 for g in grids):
+            return (f"{{ep}} {fixed['ep']} comes out of a pipeline stage's tp x cp x dp ranks, and no layout left has "
+                    f"a multiple of it (the most: {max(grids, default=0)})")
     if job.model.moe and fixed.get("sp") is False and fixed.get("tp", 1) > 1:
         return f"a mixture of experts with {{tp}} {fixed['tp']} needs sequence parallelism (Megatron-Core): leave {{sp}} on"
     if "dp" in given and job.global_batch % given["dp"]:
@@ -309,10 +318,10 @@ def plan(job: Job, gpu: GPU) -> Plan:
             continue     # Megatron-Core's experts need sequence parallelism with tp > 1
         sp_options = [sp for sp in ((True,) if job.model.moe else (True, False)) if splits] or [False]
         sp_options = [sp for sp in sp_options if job.allows(sp=sp)]
-        if job.model.moe:
-            eps = [e for e in divisors(dp) if job.model.experts % e == 0 and job.allows(ep=e)]
-        else:
-            eps = [1] if job.allows(ep=1) else []
+        experts = [(1, 0)] if job.allows(ep=1, etp=tp) else []   # (ep, etp): dense, or every expert on every rank
+        if job.model.moe:   # Megatron-Core's expert grid: etp x ep divides the stage's tp x cp x dp ranks
+            experts = [(e, etp) for etp in sorted({tp, 1}, reverse=True) for e in divisors(job.model.experts)
+                       if (tp * cp * dp) % (e * etp) == 0 and (e > 1 or etp == tp) and job.allows(ep=e, etp=etp)]
         per_replica = job.global_batch // dp
         for micro_batch in divisors(per_replica):
             m = per_replica // micro_batch
@@ -320,16 +329,16 @@ def plan(job: Job, gpu: GPU) -> Plan:
                 continue
             chunks = [v for v in divisors(stage_layers) if v == 1 or m % pp == 0] if pp > 1 else [1]
             chunks = [v for v in chunks if job.allows(virtual=v)]
-            for zero, recompute, sp, ep in product(zero_stages(dp, cp, pp, job.optimizer), RECOMPUTE, sp_options,
-                                                   eps):
+            for zero, recompute, sp, (ep, etp) in product(zero_stages(dp, cp, pp, job.optimizer), RECOMPUTE,
+                                                          sp_options, experts):
                 if not job.allows(zero=zero, recompute=recompute) or (zero == 3 and ep > 1):
                     continue   # DeepSpeed's MoE refuses ZeRO-3; Megatron's optimizer is ZeRO-1
-                setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0, ep=ep),
-                                     stage_layers)
+                setup = memory_setup(job, Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, 0.0, ep=ep,
+                                                    etp=etp), stage_layers)
                 memory = estimate(setup)
                 for v in chunks:   # interleaving changes only how many micro-batches' activations are held
                     c = Candidate(dp, tp, pp, cp, zero, recompute, micro_batch, m, sp, memory.total("device"), v,
-                                  ep=ep)
+                                  ep=ep, etp=etp)
                     if v > 1 and c.memory > usable:
                         break      # v holds more than 1F1B: none of them fits either
                     if v > 1:
@@ -374,7 +383,7 @@ def why_faster(a: Candidate, b: Candidate) -> str:
     def shown(value):
         return ("on" if value else "off") if isinstance(value, bool) else value
     changed = ", ".join(f"{names.get(k, k)} {shown(getattr(a, k))} vs {shown(getattr(b, k))}" for k in
-                        ("dp", "tp", "pp", "cp", "ep", "sp", "zero", "recompute", "micro_batch", "virtual")
+                        ("dp", "tp", "pp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "virtual")
                         if getattr(a, k) != getattr(b, k)) or "same layout"
     if a.tie == b.tie:
         fewer = model_parallel_ranks(a) < model_parallel_ranks(b)

@@ -96,15 +96,20 @@ def check_core(core, name: str = "attention") -> None:
                                       f"kept).{did_you_mean(str(core), CORES)}", show=repr(core))
 
 
-def check_ep(ep: int, dp: int, model: ModelConfig | None) -> None:
-    """One line unless ep ranks can split the model's experts and the data-parallel ranks."""
+def check_ep(ep: int, etp: int, tp: int, ranks: int, model: ModelConfig | None) -> None:
+    """One line unless ep x etp ranks can split the model's experts out of the `ranks` (tp x cp x dp) of a
+    pipeline stage: Megatron-Core's expert grid, etp x ep x edp over the same ranks, etp 1 or tp."""
     if model is None or not model.moe:
         raise PredictionError("ep", ep, ": expert parallelism splits a mixture of experts; this model's MLPs are "
                                         "dense: use {ep} 1.")
-    if model.experts % ep or dp % ep:
-        ok = [str(e) for e in range(1, model.experts + 1) if model.experts % e == 0 and dp % e == 0]
-        raise PredictionError("ep", ep, f": expert-parallel ranks split the {model.experts} experts and come from the "
-                                        f"{dp} data-parallel ranks: use {{ep}} {', '.join(ok)}.")
+    if etp not in (1, tp):
+        raise PredictionError("etp", etp, f": the experts split over tp {tp} (Megatron-Core's default) or not at all: "
+                                          f"use {{etp}} {tp} or 1.")
+    if model.experts % ep or ranks % (ep * etp):
+        ok = [str(e) for e in range(1, model.experts + 1) if model.experts % e == 0 and ranks % (e * etp) == 0]
+        raise PredictionError("ep", ep, f": expert-parallel ranks split the {model.experts} experts, and ep x etp "
+                                        f"{etp} must divide a stage's {ranks} ranks (tp x cp x dp): use {{ep}} "
+                                        f"{', '.join(ok)}.")
 
 
 @dataclass
@@ -135,12 +140,18 @@ class Setup:
     virtual: int = 1                  # model chunks per pipeline rank (interleaved 1F1B; megatron.py's count)
     optimizer: str = "deepspeed"      # whose gradients (memory.py, OPTIMIZERS): DeepSpeed's ZeRO optimizer,
                                       # Megatron-LM's (fp32 main grads) or DeepSpeed's BF16_Optimizer
-    ep: int = 1                       # expert-parallel ranks (model.experts > 1), out of the dp / cp data-parallel
-                                      # ones: each holds experts / ep of them, their states sharded over dp / ep
-                                      # ranks (memory.py; dp here is dp x cp)
+    ep: int = 1                       # expert-parallel ranks (model.experts > 1): each holds experts / ep of them,
+                                      # their states sharded over the stage's tp x dp / (etp x ep) ranks holding the
+                                      # same experts (memory.py; dp here is dp x cp)
+    etp: int = 0                      # the experts' tensor-parallel split: 0 as tp (Megatron-Core's default), or 1
+                                      # (whole experts on every rank: Megatron-Core's parallel folding)
     reduce_in_backward: bool = True   # ZeRO-1 reduces bucket by bucket inside a lone backward (DeepSpeed:
                                       # memory.py's rule 2); False: after it, from whole gradients (plscale's
                                       # hand-written ZeRO-1, strategies/hybrid/zero1.py)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def tokens(self) -> int:
@@ -187,8 +198,8 @@ class Setup:
         if self.model and self.model.moe and self.activations == "plscale":
             raise PredictionError("activations", self.activations, ": plscale's Llama has no experts: count a "
                                   "mixture of experts' activations as Megatron-LM keeps them ({activations} megatron).")
-        if self.ep > 1:
-            check_ep(self.ep, self.dp // self.cp, self.model)
+        if self.ep > 1 or self.etp:
+            check_ep(self.ep, self.expert_tp, self.tp, self.tp * self.dp, self.model)
         if self.model and self.model.moe and self.tp > 1 and not self.sp:
             raise PredictionError("sp", self.sp, ": a mixture of experts with tp > 1 needs sequence parallelism "
                                   "(Megatron-Core refuses it without): add {sp}.", show="")

@@ -35,9 +35,8 @@ the one with the most compute + tp + cp sets every term.
             stage's compute cannot cover: max(0, tp - compute)
   dp        the gradient sync over the dp x cp ranks (Megatron's dp-cp group) of pΨ bytes (Ψ =
             memory.rank_params; 4Ψ of fp32 gradients under Megatron's optimizer; with expert parallelism
-            the experts' ep-th syncs over the dp x cp / ep ranks holding the same experts, priced as one group
-            tp x cp x ep apart (with cp > 1 its cp members sit closer: an upper bound), its seconds added to
-            the dense part's before the overlap below), issued a layer at a time
+            the rank's experts sync over the edp ranks holding the same experts (memory.expert_split), etp x
+            ep apart, their seconds added to the dense part's before the overlap below), issued a layer at a time
             (buckets, FSDP units): stage 0 one all-reduce a step; 1 a reduce-scatter and an all-gather a
             step; 2 a reduce-scatter a micro-batch and an all-gather a step; 3 per micro-batch an all-gather
             forward, one backward and a reduce-scatter (the ZeRO paper's 1.5x stage 0's volume). Overlap:
@@ -57,8 +56,10 @@ the one with the most compute + tp + cp sets every term.
             micro-batch, dispatch and combine forward and both again backward, 4 (6 when full
             recomputation reruns the forward); each carries the k routes of the rank's tokens, b s/(cp t) h e
             bytes each route (Megatron-Core's dropless alltoall dispatcher, sequence parallel over tp; no
-            capacity padding), (ep - 1)/ep of them leaving the rank. The ep ranks are tp x cp apart (Megatron
-            orders tp, cp, ep, dp, pp, ep carved from dp); inside a node the bytes leave over NVLink; a group
+            capacity padding), (ep - 1)/ep of them leaving the rank. The ep ranks are etp apart (Megatron-Core's
+            expert grid over a stage's tp x cp x dp ranks: etp, ep, edp; etp is tp, or 1 when the experts
+            are whole, its parallel folding, and then the tp group issues only the attention's pair of
+            collectives a layer); inside a node the bytes leave over NVLink; a group
             spanning nodes with k members a node sends (ep - k)/ep over the rank's own network card and the
             rest over NVLink at once, the slower setting the time, plus one latency step. Not overlapped
             (DeepSeek-V3's DualPipe hides them; Megatron-Core's 1F1B A2A overlap: not modelled), on the
@@ -100,7 +101,7 @@ from plscale.predict.busbw import bus_factor
 from plscale.predict.cluster import GPU
 from plscale.predict.context_parallel import check_split, chunks, pair_work, ring_bytes
 from plscale.predict.matmul import layer_efficiency
-from plscale.predict.memory import BYTES, Setup, expert_rank_params, rank_params
+from plscale.predict.memory import BYTES, Setup, expert_split, rank_params
 from plscale.predict.pipeline import bubble_fraction, in_flight
 from plscale.predict.presets import ModelConfig
 from plscale.predict.recompute import layer_forward_flops, step_flops
@@ -222,6 +223,8 @@ def tp_seconds(job, gpu: GPU, c, layers: int, first: bool, last: bool) -> float:
     forward, backward, own_first, own_last = tp_parts(job.model, c.tp, job.seq // c.cp, c.micro_batch,
                                                       job.precision, c.sp, c.micro_batches, links(gpu, c.tp, 1))
     rerun = 2 if c.recompute == "full" else 1
+    if job.model.moe and c.expert_tp == 1:   # whole experts: only the attention's pair; the all-to-all moves the MLP's tokens
+        forward, backward = forward / 2, backward / 2
     return layers * (rerun * forward + backward) + first * own_first + last * own_last
 
 
@@ -253,7 +256,7 @@ def ep_seconds_a_layer(job, gpu: GPU, c) -> float:
     model = job.model
     routes = model.top_k * c.micro_batch * job.seq // (c.cp * c.tp)
     message = routes * model.hidden * ELEMENT_BYTES[job.precision]
-    k = fewest_per_node(c.ep, c.tp * c.cp, gpu.gpus_per_node)
+    k = fewest_per_node(c.ep, c.expert_tp, gpu.gpus_per_node)
     if k is None:
         seconds = message * (c.ep - 1) / c.ep / (gpu.intra_gbs * 1e9) + gpu.intra_latency_us * 1e-6
     else:
@@ -270,7 +273,7 @@ def efficiency(job, gpu: GPU, c) -> float:
     if not (gpu.mamf and gpu.sms and gpu.hbm_gbs):
         return UNKNOWN_EFFICIENCY
     return layer_efficiency(gpu, job.model, job.seq, c.micro_batch, c.tp, c.cp, c.sp, job.precision, job.fp8,
-                            c.ep)
+                            c.ep, c.expert_tp)
 
 
 def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
@@ -298,9 +301,11 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
     backward_window = per_micro * (flops.backward + flops.recompute) / flops.total
     forward_window = per_micro * flops.forward / flops.total
     n = c.dp * c.cp
-    experts = expert_rank_params(setup) / c.ep if c.ep > 1 else 0.0   # the rank's ep-th of its stage's experts
-    dense = rank_params(setup) - c.ep * experts
-    syncs = [(dense, n, c.tp)] + ([(experts, n // c.ep, c.tp * c.cp * c.ep)] if experts else [])
+    if c.ep > 1 or c.expert_tp != c.tp:   # the experts' gradients over the edp ranks holding the same experts
+        dense, experts, edp = expert_split(setup)
+        syncs = [(dense, n, c.tp), (experts, edp, c.expert_tp * c.ep)]
+    else:
+        syncs = [(rank_params(setup), n, c.tp)]
     reduce, scatter, gather = (sum(t) for t in zip(*(_sync_seconds(job, gpu, *g, layers) for g in syncs)))
     after_step = max(0.0, gather - forward_window) if job.gather_overlap else gather
     if c.zero == 0:     # an all-reduce: a reduce-scatter and an all-gather's bytes, at its own rate
@@ -326,8 +331,7 @@ def step_terms(job, gpu: GPU, c, setup: Setup, heaviest: int) -> dict:
             bubble = max(0.0, work * gpu.cores / (job.gpus * (1 - f)) - work)
         else:
             bubble = work * f / (1 - f)
-    shards = (n, n // c.ep) if c.zero >= 1 else (1, 1)      # the parameters whose states this rank steps
-    kept = dense / shards[0] + experts / shards[1]
+    kept = sum(params / (group if c.zero >= 1 else 1) for params, group, _ in syncs)   # the states this rank steps
     if gpu.optimizer_ns:
         optimizer = kept * gpu.optimizer_ns * 1e-9
     else:

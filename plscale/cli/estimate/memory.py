@@ -46,7 +46,9 @@ def memory(
     sp: bool = typer.Option(False, "--sp", help="Sequence parallelism over the TP group (needs --tp >= 2)."),
     cp: int = typer.Option(1, help="Context-parallel degree: ranks sharing each sequence (seq/cp tokens each)."),
     ep: int = typer.Option(1, help="Expert-parallel degree (a mixture of experts: mixtral-8x7b, mixtral-8x22b): "
-                                   "ep of the data-parallel ranks split the experts, their states sharded over dp/ep."),
+                                   "ep of a stage's tp x cp x dp ranks split the experts."),
+    etp: int = typer.Option(0, help="The experts' tensor-parallel split: the --tp (0, the default: Megatron-Core's) "
+                                    "or 1 (whole experts: its parallel folding)."),
     seq: int = typer.Option(None, help="Sequence length (default: the preset's, capped at 2048)."),
     micro_batch: int = typer.Option(1, help="Sequences per rank per forward/backward."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step (ZeRO-1 and offload hold "
@@ -88,9 +90,10 @@ def memory(
     --optimizer megatron: fp32 gradients, 4Ψ (Megatron's docs: 18 bytes
     a parameter, 6 + 12/N at stage 1); bf16-optimizer: pΨ + 4Ψ (DeepSpeed's
     BF16_Optimizer) + KΨ/N at stage 1. Both bf16, stage 0 or 1.
-    --ep (a mixture of experts): ep of the data-parallel ranks hold an ep-th
-    of the experts each; every term is the dense parameters' Ψd over N plus
-    the rank's experts' Ψe over N/ep (the ranks holding the same experts).
+    --ep (a mixture of experts): ep ranks of a stage hold an ep-th of the
+    experts each, split over --etp (tp, or 1: whole); every term is the
+    dense parameters' Ψd over N plus the rank's experts' Ψe over the
+    tp N / (etp ep) ranks holding the same experts.
 
     Activations of plscale's Llama (b micro batch, s sequence, h hidden,
     h_kv key/value width, f SwiGLU width, a heads, V vocabulary, t = tp),
@@ -154,7 +157,7 @@ def memory(
                   offload_param=offload_param, tp=tp, pp=pp, sp=sp, model=config, seq=seq, micro_batch=micro_batch,
                   grad_accum=grad_accum, recompute=recompute, recompute_layers=recompute_layers,
                   largest_layer=largest, accounting=accounting, cp=cp, persistence_threshold=persistence_threshold,
-                  activations=activations, optimizer=optimizer, ep=ep)
+                  activations=activations, optimizer=optimizer, ep=ep, etp=etp)
     result = estimate(setup)
     need = gib(result.total("device"))
     flops = rc.step_flops(config, seq, recompute, recompute_layers) if config else None
