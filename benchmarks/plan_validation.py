@@ -7,9 +7,10 @@ what real runs used and measured.
 
 The runs are benchmarks/published_runs.csv, one a row with its source: Megatron-LM's README H100
 table, Narayanan et al. 2021 tables 1 and 2, Korthikanti et al. 2022 tables 3 and 5, Llama 3 405B
-(Grattafiori et al. 2024, table 4), BLOOM 176B, torchtitan's A100 runs, and two mixtures of experts:
-Megatron-Core's Mixtral-8x7B (its MoE README) and Mixtral-8x22B (Liu et al. 2025, MoE Parallel Folding,
-the layout without folding: expert tensor parallelism = tp, as the planner has it). A blank cell is
+(Grattafiori et al. 2024, table 4), BLOOM 176B, torchtitan's A100 runs, and mixtures of experts on
+H100s: Megatron-Core's Mixtral-8x7B (its MoE README), Mixtral-8x22B with and without folding (Liu et al.
+2025, MoE Parallel Folding), Qwen3-235B-A22B in three layouts (Megatron-MoE-ModelZoo's step times) and
+Qwen3-30B-A3B (Megatron-LM's recipe, forced balance). A blank cell is
 something the source does not say: the planner chooses it.
 
 For each run:
@@ -63,16 +64,18 @@ def model_of(row: dict) -> ModelConfig:
     return ModelConfig(vocab=int(row["vocab"]), hidden=int(row["hidden"]), layers=int(row["layers"]),
                        heads=int(row["heads"]), kv_heads=int(row["kv_heads"]), ffn=int(row["ffn"]),
                        max_seq=int(row["seq"]), tie_embeddings=row["tied"] == "yes", family=row["family"],
-                       attention=row["attention"], experts=int(row["experts"] or 1), top_k=int(row["top_k"] or 1))
+                       attention=row["attention"], experts=int(row["experts"] or 1), top_k=int(row["top_k"] or 1),
+                       head_size=int(row["head_size"] or 0), qk_norm=row["qk_norm"] == "yes")
 
 
 def layout_of(row: dict) -> tuple:
-    """(dp, tp, pp, cp), and ep where the run split its experts (plan.Candidate.layout)."""
-    return tuple(int(row[k]) for k in ("dp", "tp", "pp", "cp")) + ((int(row["ep"]),) if int(row["ep"] or 1) > 1 else ())
+    """(dp, tp, pp, cp), and (ep, etp) where the run split its experts (plan.Candidate.layout)."""
+    ep, etp = int(row["ep"] or 1), int(row["etp"] or row["tp"])
+    return tuple(int(row[k]) for k in ("dp", "tp", "pp", "cp")) + ((ep, etp) if ep > 1 or etp != int(row["tp"]) else ())
 
 
 def pinned_values(row: dict) -> tuple:
-    out = [(k, int(row[k])) for k in ("dp", "tp", "pp", "cp", "ep") if row[k]]
+    out = [(k, int(row[k])) for k in ("dp", "tp", "pp", "cp", "ep", "etp") if row[k]]
     for key in PINNABLE:
         value = row[key]
         if value:
@@ -90,8 +93,12 @@ def published_step(row: dict, model: ModelConfig) -> float:
         h, layers, v = model.hidden, model.layers, model.vocab
         flops = 96 * batch * seq * layers * h * h * (1 + seq / (6 * h) + v / (16 * layers * h))
         return flops / (gpus * value * 1e12)
-    assert row["metric"] == "tflops_model", row["metric"]
-    return flops_per_token(model, seq) * batch * seq / (gpus * value * 1e12)
+    flops = flops_per_token(model, seq)
+    if row["metric"] == "tflops_megatron_causal":   # Megatron-LM since 2025-03: the attention core's FLOPs halved
+        flops -= 6 * model.layers * seq * model.q_dim
+    else:
+        assert row["metric"] == "tflops_model", row["metric"]
+    return flops * batch * seq / (gpus * value * 1e12)
 
 
 def job_of(row: dict, model: ModelConfig, fixed: tuple) -> Job:
