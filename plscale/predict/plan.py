@@ -279,6 +279,11 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
                 f"{2 * given['cp']}")
     if job.model.moe and fixed.get("zero") == 3 and fixed.get("ep", 1) > 1:
         return f"{{zero}} 3 with {{ep}} {fixed['ep']}: DeepSpeed's MoE layers refuse ZeRO-3; use {{zero}} 0-2 or {{ep}} 1"
+    if job.model.moe and fixed.get("etp", 1) != 1 and fixed["etp"] != fixed.get("tp", fixed["etp"]):
+        return f"{{etp}} {fixed['etp']}: the experts split over {{tp}} {fixed['tp']} or not at all ({{etp}} 1)"
+    if job.model.moe and fixed.get("etp", 1) != 1 and fixed["etp"] not in tp_degrees(job.model, job.gpus,
+                                                                                     gpu.gpus_per_node):
+        return f"{{etp}} {fixed['etp']}: the experts split over a tp the model allows, or not at all ({{etp}} 1)"
     if job.model.moe and "ep" in fixed:
         free = replace(job, fixed=tuple((k, v) for k, v in job.fixed if k not in ("ep", "etp")))
         grids = [d * t * c for d, t, _, c, _ in layouts(free, gpu)]
