@@ -14,13 +14,16 @@ from plscale.lab.labs import find
 from plscale.lab.settings import resolve
 
 TINY = ["--set", "model.preset=tiny", "--set", "model.seq=64", "--set", "data.val_blocks=16"]
+# torchrun starts the ranks: the deepspeed launcher would add its runner and launch.py, each importing DeepSpeed
+# (about 3 s of CPU and 5 s of waiting a run); lab 01's tests run it (test_lab_mnist.py)
+TORCHRUN = ["--launcher", "torchrun"]
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """The ZeRO sweep (stages 0-3) on 2 CPU ranks, 5 steps of the tiny preset: (stdout, sweep dir, summaries)."""
     runs = tmp_path_factory.mktemp("zero") / "runs"
-    out = run_cli("lab", "run", "zero", "--sweep", "--gpus", "2", "--cpu", "--steps", "5", *TINY,
+    out = run_cli("lab", "run", "zero", "--sweep", "--gpus", "2", "--cpu", "--steps", "5", *TINY, *TORCHRUN,
                   env={"PLSCALE_RUNS_DIR": str(runs)})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     sweep_dir = next(p for p in runs.iterdir() if p.name.endswith("zero-sweep"))
@@ -29,7 +32,7 @@ def sweep(tmp_path_factory):
 
 
 @pytest.mark.e2e
-def test_sweep_memory_parity_and_charts(sweep):
+def test_sweep_memory_parity_and_charts(sweep, quick_cli):
     out, sweep_dir, summaries = sweep
     assert [s["stage"] for s in summaries] == [0, 1, 2, 3]
 
@@ -41,9 +44,9 @@ def test_sweep_memory_parity_and_charts(sweep):
             assert abs(measured - states["predicted_bytes"]) <= 0.05 * states["predicted_bytes"], s["stage"]
     # ... and the prediction is what `plscale estimate memory` says for that run
     for s in summaries:
-        estimate = estimate_json(s["preset"], s["model"]["vocab"], s["world_size"], s["stage"], s["precision"],
-                                 s["offload_optimizer"], s["offload_param"], s["micro_batch"], s["grad_accum"],
-                                 s["seq"])
+        estimate = estimate_json(quick_cli, s["preset"], s["model"]["vocab"], s["world_size"], s["stage"],
+                                 s["precision"], s["offload_optimizer"], s["offload_param"], s["micro_batch"],
+                                 s["grad_accum"], s["seq"])
         assert estimate["setup"]["params"] == s["params"]
         for name in (*memory.MODEL_STATES, "activations"):
             assert s["memory"][name]["predicted_bytes"] == estimate["terms"][name]["total"], (s["stage"], name)
@@ -88,7 +91,7 @@ def test_sweep_memory_parity_and_charts(sweep):
 @pytest.mark.e2e
 def test_fsdp2_trains_as_zero3_with_a_fifth_less_memory(sweep, cli):
     # the same weights, batches and AdamW (torch's, with DeepSpeed's clipping) sharded by FSDP2 instead
-    out = cli("lab", "run", "fsdp2", "--gpus", "2", "--cpu", "--steps", "5", *TINY)
+    out = cli("lab", "run", "fsdp2", "--gpus", "2", "--cpu", "--steps", "5", *TINY, *TORCHRUN)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     f, zero3 = load_summary(only_run(cli.runs)), sweep[2][3]
     assert f["passed"], f["checks"]
@@ -109,7 +112,7 @@ def test_fsdp2_trains_as_zero3_with_a_fifth_less_memory(sweep, cli):
 @pytest.mark.e2e
 def test_hsdp_without_reshard_on_four_ranks(cli):
     # a 2 x 2 mesh: reduce-scatter inside each pair, all-reduce across; the gathered weights kept for the backward
-    out = cli("lab", "run", "hsdp", "--cpu", "--steps", "2", "--set", "fsdp.reshard=false", *TINY)
+    out = cli("lab", "run", "hsdp", "--cpu", "--steps", "2", "--set", "fsdp.reshard=false", *TINY, *TORCHRUN)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     s = load_summary(only_run(cli.runs))
     assert s["passed"], s["checks"]
@@ -134,13 +137,13 @@ def test_fsdp2_bad_input_is_one_line_before_launch(quick_cli, args, message, tmp
     assert len(out.stderr.strip().splitlines()) == 1 and not quick_cli.runs.exists()
 
 
-def estimate_json(model, vocab, gpus, stage, precision, offload_optimizer, offload_param, micro, accum,
+def estimate_json(cli, model, vocab, gpus, stage, precision, offload_optimizer, offload_param, micro, accum,
                   seq) -> dict:
-    """`plscale estimate memory --json` with the flags a user would type for a run."""
-    out = run_cli("estimate", "memory", "--model", model, "--vocab", vocab, "--gpus", gpus, "--stage", stage,
-                  "--precision", precision, "--micro-batch", micro, "--grad-accum", accum, "--seq", seq,
-                  *(["--offload-optimizer"] if offload_optimizer else []),
-                  *(["--offload-param"] if offload_param else []), "--json")
+    """`plscale estimate memory --json` with the flags a user would type for a run (quick_cli: the same main())."""
+    out = cli("estimate", "memory", "--model", model, "--vocab", vocab, "--gpus", gpus, "--stage", stage,
+              "--precision", precision, "--micro-batch", micro, "--grad-accum", accum, "--seq", seq,
+              *(["--offload-optimizer"] if offload_optimizer else []),
+              *(["--offload-param"] if offload_param else []), "--json")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -149,7 +152,7 @@ ZERO = find("zero")[0]
 
 
 @pytest.mark.parametrize("variant", [v for v in ZERO.variants if not ZERO.variants[v].entry])   # DeepSpeed's
-def test_lab_prediction_is_plscale_estimate_memory(variant):
+def test_lab_prediction_is_plscale_estimate_memory(variant, quick_cli):
     """Every variant: the lab's own call on its DeepSpeed config (2 ranks) against the CLI."""
     settings = resolve(ZERO.settings, ZERO.variants[variant].overrides)
     ds_config = build(DSSpec.from_dict({**settings["ds"], "world_size": 2}))
@@ -157,7 +160,7 @@ def test_lab_prediction_is_plscale_estimate_memory(variant):
     config = preset(settings["model"]["preset"]).with_vocab(vocab)
     lab = memory.estimate(memory.setup_from_ds_config(ds_config, 2, config, settings["model"]["seq"])).to_dict()
     ds = {**DSSpec().to_dict(), **settings["ds"]}  # the spec's defaults (fp32) where lab.yaml says nothing
-    cli = estimate_json(settings["model"]["preset"], vocab, 2, ds["stage"], ds["precision"], ds["offload_optimizer"],
+    cli = estimate_json(quick_cli, settings["model"]["preset"], vocab, 2, ds["stage"], ds["precision"], ds["offload_optimizer"],
                         ds["offload_param"], ds["micro_batch"], ds["grad_accum"], settings["model"]["seq"])
     assert cli["setup"] == json.loads(json.dumps(lab["setup"]))
     assert set(cli["terms"]) == {*memory.MODEL_STATES, "activations"}
