@@ -13,7 +13,9 @@ from plscale.rank.data.wikitext import offline_fallback
 
 SHAPE = dict(vocab_size=2048, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128)
-QUICK = ["--gpus", "2", "--cpu", "--set", "model.seq=64", "--set", "data.val_blocks=8"]
+# torchrun starts the ranks: the deepspeed launcher would add its runner and launch.py, each importing DeepSpeed
+# (about 3 s of CPU and 5 s of waiting a run); lab 01's tests run it (test_lab_mnist.py)
+QUICK = ["--gpus", "2", "--cpu", "--launcher", "torchrun", "--set", "model.seq=64", "--set", "data.val_blocks=8"]
 
 
 def bpe(vocab: int) -> Tokenizer:
