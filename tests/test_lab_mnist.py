@@ -54,7 +54,8 @@ def test_accumulation_variant_under_torchrun(cli):
 
 def test_real_mnist(cli, shared_data):
     folder = shared_data("mnist")
-    result = cli("lab", "run", "mnist-dp", "--gpus", "2", "--cpu", "--data-dir", folder)
+    # torchrun: the deepspeed launcher (its runner and launch.py each import DeepSpeed) is the offline test's
+    result = cli("lab", "run", "mnist-dp", "--gpus", "2", "--cpu", "--launcher", "torchrun", "--data-dir", folder)
     assert result.returncode == 0, result.stdout[-3000:]
     summary, f = _check_run(only_run(cli.runs), 400)
     assert summary["real_data"] is True
