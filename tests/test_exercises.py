@@ -253,21 +253,22 @@ def test_cli_start_check_fails_then_passes(tmp_path):
     assert "passing" in row and "not started" in next(line for line in listed.stdout.splitlines() if "zero1" in line)
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    unknown = run_cli("exercise", "check", "ring-alreduce", cwd=tmp_path)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, quick_cli):
+    # refused (or only files written) before any rank starts: the same main() in this process
+    unknown = quick_cli("exercise", "check", "ring-alreduce", cwd=tmp_path)
     assert unknown.returncode == 2 and "Did you mean: ring-allreduce" in unknown.stderr
     assert "Traceback" not in unknown.stderr and len(unknown.stderr.strip().splitlines()) == 1
 
-    not_started = run_cli("exercise", "check", "zero1", cwd=tmp_path)
+    not_started = quick_cli("exercise", "check", "zero1", cwd=tmp_path)
     assert not_started.returncode == 2 and "plscale exercise start zero1" in not_started.stderr
 
-    assert run_cli("exercise", "start", "zero1", cwd=tmp_path).returncode == 0
+    assert quick_cli("exercise", "start", "zero1", cwd=tmp_path).returncode == 0
     (tmp_path / "exercises" / "zero1.py").write_text("# my work\n")
-    again = run_cli("exercise", "start", "zero1", cwd=tmp_path)
+    again = quick_cli("exercise", "start", "zero1", cwd=tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr
     assert (tmp_path / "exercises" / "zero1.py").read_text() == "# my work\n"  # nothing overwritten
 
-    folder = run_cli("exercise", "check", "zero1", "--file", str(tmp_path), cwd=tmp_path)
+    folder = quick_cli("exercise", "check", "zero1", "--file", str(tmp_path), cwd=tmp_path)
     assert folder.returncode == 2 and "is a folder" in folder.stderr
 
 
