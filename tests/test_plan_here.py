@@ -1,5 +1,5 @@
 """`plscale plan --here`: the planner on this machine's CPU ranks, and its layouts handed to lab 11
-(`--layout plan.json[:N]`, `--sweep`). The sweep end to end runs two of its layouts on 8 CPU ranks."""
+(`--layout plan.json[:N]`, `--sweep`). The sweep end to end runs two of its layouts on 4 CPU ranks."""
 
 import json
 from dataclasses import replace
@@ -212,13 +212,17 @@ def test_rank_correlation_matches_scipy():
         assert report.spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic, abs=1e-12)
 
 
+RANKS = 4
+
+
 @pytest.mark.e2e
 def test_the_sweep_runs_planned_layouts_and_reports_predicted_against_measured(tmp_path, monkeypatch):
-    # the whole sweep is 15 layouts (about 8 minutes on 2 cores with --steps 6): the test keeps the first and last,
-    # planned on the figures this machine measured (MEASURED: measuring 8 ranks is the test above's, at 2)
+    # the whole sweep is 15 layouts on 8 ranks (about 8 minutes on 2 cores with --steps 6): the test runs the lab's
+    # smallest world, 4 ranks (half the ranks' start-up; test_4d_lab.py runs 8), and keeps the first and last layouts,
+    # planned on the figures this machine measured (MEASURED, taken as 4 ranks': measuring is the test above's, at 2)
     planned = layouts.planned
     from plscale.run import machine
-    monkeypatch.setattr(machine, "measure_showing", lambda console, ranks, *_: MEASURED)
+    monkeypatch.setattr(machine, "measure_showing", lambda console, ranks, *_: replace(MEASURED, ranks=RANKS))
 
     def two(*args):
         found = planned(*args)
@@ -228,10 +232,10 @@ def test_the_sweep_runs_planned_layouts_and_reports_predicted_against_measured(t
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from rich.console import Console
     with open(tmp_path / "console.txt", "w") as out:
-        sweep_dir = flow.sweep("4d", Options(gpus=8, cpu=True, steps=2), Console(file=out, width=160),
+        sweep_dir = flow.sweep("4d", Options(gpus=RANKS, cpu=True, steps=2), Console(file=out, width=160),
                                runs=tmp_path / "runs")
     record = json.loads((sweep_dir / "sweep.json").read_text())
-    assert record["machine"]["ranks"] == 8 and len(record["runs"]) == len(record["planned"]) == 2
+    assert record["machine"]["ranks"] == RANKS and len(record["runs"]) == len(record["planned"]) == 2
     assert record["planned"][0]["step_s"] <= record["planned"][1]["step_s"]        # the planner's order
     report = json.loads((sweep_dir / "sweep_report.json").read_text())
     for row, run in zip(report["rows"], record["runs"]):
