@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT
 
 HELPER = ROOT / "tests" / "helpers" / "save_checkpoints.py"
 NEWEST, OLDER = "step000004", "step000002"
@@ -38,6 +38,17 @@ def saved(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("checkpoints")
     torchrun(2, out, 2, 0, "fsdp2")
     return out
+
+
+@pytest.fixture
+def ckpt(quick_cli):
+    """`plscale ckpt ARGS` in this process (quick_cli: the same main() and exit code as a subprocess, without
+    an interpreter and torch's import for each call). DeepSpeed told cpu, as the ranks are (RANK_ENV), so
+    that the conversion's own default does not stay in this worker's environment."""
+    def call(*args):
+        return quick_cli("ckpt", *args, env={"DS_ACCELERATOR": RANK_ENV["DS_ACCELERATOR"]})
+
+    return call
 
 
 def reference(saved: Path, stage: int, tag: str) -> dict:
@@ -73,8 +84,8 @@ def assert_same(got: dict, want: dict) -> None:
         assert got[name].dtype == torch.float32 and torch.equal(got[name], tensor), name
 
 
-def test_ls_lists_both_and_marks_latest(saved, tmp_path):
-    result = run_cli("ckpt", "ls", saved / "stage2")
+def test_ls_lists_both_and_marks_latest(saved, tmp_path, ckpt):
+    result = ckpt("ls", saved / "stage2")
     assert result.returncode == 0, result.stderr
     newest, older = row(result.stdout, NEWEST), row(result.stdout, OLDER)
     assert "latest" in newest and "latest" not in older
@@ -83,11 +94,11 @@ def test_ls_lists_both_and_marks_latest(saved, tmp_path):
     # a run directory with checkpoints/ in it is accepted too
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "checkpoints").symlink_to(saved / "stage2")
-    assert row(run_cli("ckpt", "ls", tmp_path / "run").stdout, NEWEST) == newest
+    assert row(ckpt("ls", tmp_path / "run").stdout, NEWEST) == newest
 
 
-def test_verify_catches_truncated_and_flipped_files(saved, tmp_path, quick_cli):
-    result = run_cli("ckpt", "verify", saved / "stage2")
+def test_verify_catches_truncated_and_flipped_files(saved, tmp_path, quick_cli, ckpt):
+    result = ckpt("verify", saved / "stage2")
     assert result.returncode == 0 and "2 of 2 checkpoint(s) whole" in result.stdout, result.stdout
 
     root = tmp_path / "ck"
@@ -96,11 +107,11 @@ def test_verify_catches_truncated_and_flipped_files(saved, tmp_path, quick_cli):
     size = victim.stat().st_size
     with open(victim, "r+b") as handle:
         handle.truncate(size // 2)
-    result = run_cli("ckpt", "verify", root)
+    result = ckpt("verify", root)
     assert result.returncode == 1
     assert f"BAD {NEWEST}: {OPTIM} has {size // 2:,} bytes, the manifest says {size:,}" in result.stdout
     assert f"ok  {OLDER}" in result.stdout and f"{NEWEST} is damaged: a restore uses {OLDER}" in result.stdout
-    listing = run_cli("ckpt", "ls", root).stdout
+    listing = ckpt("ls", root).stdout
     assert "truncated" in row(listing, NEWEST) and "valid" not in row(listing, NEWEST)
     assert "valid" in row(listing, OLDER)
     # refused before converting: checked in this process
@@ -113,22 +124,22 @@ def test_verify_catches_truncated_and_flipped_files(saved, tmp_path, quick_cli):
     data = bytearray(flipped.read_bytes())
     data[len(data) // 2] ^= 0xFF
     flipped.write_bytes(bytes(data))
-    result = run_cli("ckpt", "verify", root)
+    result = ckpt("verify", root)
     assert result.returncode == 1
     assert f"BAD {OLDER}: {MODEL} does not match its checksum (corrupted)" in result.stdout
     assert f"ok  {NEWEST}" in result.stdout
-    assert run_cli("ckpt", "verify", root, "--tag", NEWEST).returncode == 0
+    assert ckpt("verify", root, "--tag", NEWEST).returncode == 0
 
 
 @pytest.mark.parametrize("stage, fmt", [(2, "pt"), (2, "safetensors"), (0, "pt"), (0, "safetensors"),
                                         ("fsdp2", "pt"), ("fsdp2", "safetensors")])
-def test_fp32_equals_the_models_parameters(saved, tmp_path, stage, fmt):
+def test_fp32_equals_the_models_parameters(saved, tmp_path, ckpt, stage, fmt):
     if fmt == "safetensors" and importlib.util.find_spec("safetensors") is None:
         pytest.skip("safetensors is not installed")
     import torch
 
     out = tmp_path / f"model.{fmt}"
-    result = run_cli("ckpt", "convert", saved / f"stage{stage}", "--to", "fp32", "--tag", OLDER, "--out", out,
+    result = ckpt("convert", saved / f"stage{stage}", "--to", "fp32", "--tag", OLDER, "--out", out,
                      *(["--safetensors"] if fmt == "safetensors" else []))
     assert result.returncode == 0, result.stderr
     assert [p.name for p in tmp_path.iterdir()] == [out.name], "a temporary file was left behind"
@@ -148,8 +159,8 @@ def test_fp32_equals_the_models_parameters(saved, tmp_path, stage, fmt):
     assert_same({k: v for k, v in module.items()}, want)
 
 
-def test_universal_verifies_and_loads_on_one_rank(saved):
-    result = run_cli("ckpt", "convert", saved / "stage2", "--to", "universal")
+def test_universal_verifies_and_loads_on_one_rank(saved, ckpt):
+    result = ckpt("convert", saved / "stage2", "--to", "universal")
     assert result.returncode == 0, result.stderr
     out = saved / "stage2-universal"
     assert (out / "latest").read_text() == NEWEST and (out / "latest_universal").read_text() == NEWEST
@@ -158,9 +169,9 @@ def test_universal_verifies_and_loads_on_one_rank(saved):
     assert manifest["source"]["tag"] == NEWEST and manifest["source"]["kind"] == "full"
     assert "zero/embed_tokens.weight/fp32.pt" in manifest["files"] and "rank_1_rng.pt" in manifest["files"]
     assert not any((out / ".partial").iterdir())
-    result = run_cli("ckpt", "verify", out)
+    result = ckpt("verify", out)
     assert result.returncode == 0 and "1 of 1 checkpoint(s) whole" in result.stdout, result.stdout
-    assert "universal" in row(run_cli("ckpt", "ls", out).stdout, NEWEST)
+    assert "universal" in row(ckpt("ls", out).stdout, NEWEST)
 
     # 2 ranks' ZeRO-2 shards, merged, load on 1 rank with the weights of step 4 exactly
     loaded = json.loads(torchrun(1, "--load-universal", out, 2, saved / "stage2-reference" / f"{NEWEST}.pt")
@@ -179,7 +190,7 @@ def test_universal_refuses_stage_0(saved, tmp_path, quick_cli):
     assert not (tmp_path / "u").exists()
 
 
-def test_delta_checkpoint_is_rebuilt_before_converting(saved, tmp_path):
+def test_delta_checkpoint_is_rebuilt_before_converting(saved, tmp_path, ckpt):
     """Step 4 stored as its XOR difference from step 2, as the incremental strategy writes it."""
     import torch
 
@@ -196,12 +207,12 @@ def test_delta_checkpoint_is_rebuilt_before_converting(saved, tmp_path):
     store.commit(root, NEWEST, {**meta, "kind": "delta", "base": OLDER, "restores": originals})
     shutil.rmtree(snapshot)
     assert (root / NEWEST / (MODEL + delta.SUFFIX)).is_file() and not (root / NEWEST / MODEL).exists()
-    assert f"delta of {OLDER}" in row(run_cli("ckpt", "ls", root).stdout, NEWEST)
+    assert f"delta of {OLDER}" in row(ckpt("ls", root).stdout, NEWEST)
 
-    result = run_cli("ckpt", "convert", root, "--to", "fp32", "--out", tmp_path / "model.pt")
+    result = ckpt("convert", root, "--to", "fp32", "--out", tmp_path / "model.pt")
     assert result.returncode == 0, result.stderr
     assert_same(torch.load(tmp_path / "model.pt"), reference(saved, 2, NEWEST))
-    result = run_cli("ckpt", "convert", root, "--to", "universal", "--out", tmp_path / "uni")
+    result = ckpt("convert", root, "--to", "universal", "--out", tmp_path / "uni")
     assert result.returncode == 0, result.stderr
     assert store.problems(tmp_path / "uni" / NEWEST) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "model.pt", "uni"]
