@@ -42,6 +42,7 @@ class RunPodCLI:
 
     def __init__(self, tmp_path, fake):
         self.tmp, self.fake, self.outputs = tmp_path, fake, []
+        self.quick = None  # the `quick_cli` fixture, set by `rp_in_process`: commands then run in this process
         fake.environ_dir = tmp_path / "environ"  # each pod's container environment, as RunPod sets it
         self.env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
                     "PLSCALE_RUNPOD_API": fake.url, "RUNPOD_API_KEY": fake.key, "PLSCALE_RUNPOD_POLL": POLL,
@@ -51,7 +52,9 @@ class RunPodCLI:
 
     def __call__(self, *args, env=None, input=None, timeout=60) -> subprocess.CompletedProcess:
         env = {**self.env, **(env or {})}
-        if input is None:
+        if input is None and self.quick is not None:  # the same main() and exit code, no interpreter to start
+            done = self.quick("runpod", *args, env=env)
+        elif input is None:
             done = run_cli("runpod", *args, env=env, timeout=timeout)
         else:  # run_cli with a stdin: what a user types at the confirmation
             # A new session: no controlling terminal, so a hidden prompt reads stdin too.
@@ -113,6 +116,15 @@ def rp(tmp_path):
 
 
 @pytest.fixture
+def rp_in_process(rp, quick_cli):
+    """`rp` with its commands run in this process (quick_cli), for those that end in an error before anything
+    is created, or talk to the fake's API alone: no SSH, no stdin (those with `input=` still run in a
+    subprocess). The same checks of `rp` hold afterwards; half a second of an interpreter's start saved a call."""
+    rp.quick = quick_cli
+    return rp
+
+
+@pytest.fixture
 def keypair(tmp_path) -> Path:
     """An SSH key pair for `up`s that fail before SSH is tried (no sshd needed)."""
     key = tmp_path / "keys" / "id_ed25519"
@@ -160,6 +172,7 @@ def wait_for(condition, seconds=10.0) -> bool:
     return True
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_gpus_lists_prices_and_stock(rp):
     rp.fake.availability[("NVIDIA H100 80GB HBM3", "COMMUNITY", "POD")] = "LOW"
     done = rp("gpus")
@@ -374,6 +387,7 @@ def test_a_node_that_never_gets_ssh_ends_the_whole_cluster(rp, keypair):
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_bad_key_is_refused(rp, keypair):
     wrong = "rpa_WRONGKEY_0000000000000000abcd"
     for args in (["gpus"], ["status"], ["up", "--gpus", 1, "--gpu-type", "NVIDIA A40", "--ssh-key", keypair,
@@ -384,6 +398,7 @@ def test_bad_key_is_refused(rp, keypair):
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_a_key_without_access_is_told_apart(rp, keypair):
     """403: RunPod knows the key but it lacks the permission (not 'a bad key')."""
     rp.fake.forbidden = True
@@ -391,6 +406,7 @@ def test_a_key_without_access_is_told_apart(rp, keypair):
     assert "refused the API key" not in line
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_no_key_at_all(rp, keypair):
     for args in (["gpus"], ["up", "--gpus", 1, "--gpu-type", "NVIDIA A40", "--ssh-key", keypair, "--yes"]):
         one_error(rp(*args, env={"RUNPOD_API_KEY": ""}), "No RunPod API key", "RUNPOD_API_KEY")
@@ -398,6 +414,7 @@ def test_no_key_at_all(rp, keypair):
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_key_file_readable_by_others_is_refused(rp, tmp_path):
     path = tmp_path / "config" / "plscale" / "runpod_api_key"
     path.parent.mkdir(parents=True)
@@ -423,6 +440,7 @@ def test_login_stores_the_key_privately(rp, tmp_path):
     assert rp("gpus", env={"RUNPOD_API_KEY": ""}).returncode == 0
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_out_of_stock_is_said_before_creating(rp, keypair):
     rp.fake.availability[("NVIDIA A40", "SECURE", "POD")] = "NONE"
     one_error(rp.up("--yes", key=keypair), "no NVIDIA A40 pods", "in stock", "--cloud community")
@@ -430,6 +448,7 @@ def test_out_of_stock_is_said_before_creating(rp, keypair):
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_no_capacity_at_create(rp, keypair):
     rp.fake.capacity = 0
     one_error(rp.up("--yes", key=keypair), "could not place", "--gpu-type", only=False)
@@ -532,6 +551,7 @@ def test_rate_limits_are_waited_out(rp):
     one_error(rp("gpus", env={"PLSCALE_RUNPOD_RETRY_S": "1"}), "rate limiting", "429")
 
 
+@pytest.mark.usefixtures("rp_in_process")
 @pytest.mark.parametrize("args, words", [
     (["--gpus", 0], ["--gpus 0"]),
     (["--cloud", "aws"], ["--cloud aws"]),
@@ -556,6 +576,7 @@ def test_bad_up_input(rp, keypair, args, words):
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_missing_ssh_key(rp, tmp_path, keypair):
     one_error(rp.up("--yes", key=tmp_path / "nope" / "id_ed25519"), "ssh-keygen", "--ssh-key")
     one_error(rp.up("--yes", key=f"{keypair}.pub"), "give the private key", str(keypair))
@@ -573,6 +594,7 @@ def test_up_forgets_a_record_whose_pod_is_gone(rp, sshd):
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 @pytest.mark.parametrize("trouble, words", [
     ("server_error", ["HTTP 500", "status.runpod.io"]),
     ("unreachable", ["Cannot reach RunPod", "PLSCALE_RUNPOD_API"]),
@@ -617,6 +639,7 @@ def test_a_create_whose_answer_was_lost_is_found_by_name_and_deleted(rp, keypair
     nothing_left(rp)
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_a_key_with_a_passphrase_must_be_in_the_agent(rp, tmp_path):
     key = tmp_path / "locked" / "id_ed25519"
     key.parent.mkdir()
@@ -639,6 +662,7 @@ def test_state_writes_keep_the_other_clusters(tmp_path, monkeypatch):
     assert stat.S_IMODE(local.state_file().stat().st_mode) == 0o600
 
 
+@pytest.mark.usefixtures("rp_in_process")
 def test_a_pod_listed_as_terminated_counts_as_gone(rp):
     """RunPod may still answer a deleted pod for a while, with status TERMINATED: that is not billing."""
     rp.fake.terminated_visible = True
