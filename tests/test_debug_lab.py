@@ -12,6 +12,9 @@ from conftest import figures, load_summary, only_run, run_cli
 from plscale.run import diagnose
 
 
+HANG_TIMEOUT_S = 10  # dist.timeout_s of the hang: how long the hung run waits before the timeout ends it
+
+
 def launch(tmp_path, *args, timeout=240):
     runs = tmp_path / "runs"
     started = time.monotonic()
@@ -25,11 +28,12 @@ def checks(run_dir) -> dict:
 
 
 @pytest.mark.e2e
-def test_a_skipped_collective_ends_in_a_timeout_that_names_the_rank(tmp_path):
+def test_a_skipped_collective_ends_in_a_timeout_that_names_the_rank(tmp_path, quick_cli):
     """Rank 1 skips step 3: nothing fails there (gloo pairs collectives by order), the hang comes at
-    the end; the 15 s timeout ends it, and the Flight Recorder names where rank 1 parted."""
+    the end; the 10 s timeout ends it, and the Flight Recorder names where rank 1 parted. (10 s: the
+    run sits idle that long; the ranks' first collectives, started together, meet well within it.)"""
     done, run_dir, seconds = launch(tmp_path, "hang", "--steps", "6", "--set", "debug.step=3",
-                                    "--set", "dist.timeout_s=15")
+                                    "--set", f"dist.timeout_s={HANG_TIMEOUT_S}")
     out = done.stdout
     assert done.returncode != 0, out[-3000:]
     assert "collective #" in out and "default_pg (group 0) is where the ranks part: rank(s) 1 issued barrier where the others issued all_gather" in out, out[-4000:]
@@ -38,8 +42,8 @@ def test_a_skipped_collective_ends_in_a_timeout_that_names_the_rank(tmp_path):
     assert sorted(p.name for p in (run_dir / "flight").glob("rank_*.pkl")) == ["rank_0.pkl", "rank_1.pkl"]
     # the first rank to time out exits; the other then reads a closed connection, or times out too
     assert any("Timed out" in p.read_text() for p in run_dir.glob("rank_*.error"))
-    assert seconds < 15 + 150, f"ended {seconds:.0f} s after launch: the timeout did not end it"
-    report = run_cli("report", run_dir)  # later, the report says why it did not finish
+    assert seconds < HANG_TIMEOUT_S + 150, f"ended {seconds:.0f} s after launch: the timeout did not end it"
+    report = quick_cli("report", run_dir)  # later, the report says why it did not finish (read in this process)
     assert report.returncode == 2 and "It failed: collective #" in report.stderr, report.stderr
 
 
