@@ -12,7 +12,7 @@ from conftest import figures, load_summary, only_run, run_cli
 from plscale.run import diagnose
 
 
-HANG_TIMEOUT_S = 10  # dist.timeout_s of the hang: how long the hung run waits before the timeout ends it
+HANG_TIMEOUT_S = 15  # dist.timeout_s of the hang: how long the hung run waits before the timeout ends it
 
 
 def launch(tmp_path, *args, timeout=240):
