@@ -140,7 +140,8 @@ def test_bad_expert_layouts_say_what_is_wrong():
     for args, says in ((["--gpus", "4", "--ep", "8"], "--ep 8 comes out of a pipeline stage's tp x cp x dp ranks"),
                        (["--gpus", "64", "--tp", "2", "--no-sp"], "needs sequence parallelism"),
                        (["--gpus", "64", "--zero", "3", "--ep", "8"], "DeepSpeed's MoE layers refuse ZeRO-3"),
-                       (["--gpus", "64", "--tp", "2", "--etp", "4"], "--etp 4: the experts split over --tp 2 or not")):
+                       (["--gpus", "64", "--tp", "2", "--etp", "4"], "--etp 4: the experts split over --tp 2 or not"),
+                       (["--gpus", "64", "--tp", "2", "--ep", "1", "--etp", "1"], "come with expert parallelism")):
         bad = plscale("plan", "--model", "mixtral-8x7b", *args)
         assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     for args, says in ((["--tp", "2", "--ep", "4"], "needs sequence parallelism"),

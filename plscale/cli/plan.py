@@ -38,13 +38,14 @@ ASSUMPTIONS = [
     "pp: 1F1B or interleaved bubble (pipeline.bubble_fraction), p2p activations not overlapped; ZeRO 0-1 with pp",
     ("cp: ring attention's k, v hops of the rank's kv heads (context_parallel.ring_bytes) hidden behind its "
      "causal zig-zag attention core"),
-    ("ep (a mixture of experts): ep ranks out of dp hold E/ep experts each, their states sharded over dp/ep; the "
+    ("ep (a mixture of experts): ep ranks of a stage's tp x cp x dp hold E/ep experts each, split over etp (tp, or "
+     "1: whole), their states sharded over the ranks holding the same experts; the "
      "router's dispatch and combine all-to-alls (4 a MoE layer a micro-batch, k routes a token, dropless and evenly "
      "routed) on the critical path, not overlapped; sequence parallelism always on with tp > 1; the tp group's "
      "gathers of the k routes a token counted as a dense MLP's (1x, not kx); no ZeRO-3 with ep > 1"),
     ("optimizer: AdamW's step over the states a rank keeps (/ dp x cp under ZeRO), 28 bytes a parameter at the "
      "GPU's memory bandwidth; on CPU ranks (--here) measured, with gloo's collectives, a p2p hop and a layer's fixed cost"),
-    ("links: Megatron's rank order (tp, cp, ep, dp, pp); a group spanning nodes with k members a node runs at "
+    ("links: Megatron's rank order (tp, cp, dp, pp; the experts' etp, ep, edp over tp x cp x dp); a group spanning nodes with k members a node runs at "
      "min(NVLink, k x network); latency a step 1 us NVLink, 5 us network; an all-reduce min(ring, tree) steps, "
      "an all-gather or reduce-scatter a ring's n - 1"),
     ("ranking: by step time; candidates within 1% of their group's fastest are a tie, ranked by fewer "
@@ -302,7 +303,7 @@ def plan(
                                                    for t in planner.TERMS if best.terms[t]), highlight=False)
     console.print(f"{result.considered:,} configurations considered, {len(result.ranked):,} fit in "
                   f"{gib(usable):.1f} GiB ({gib(cluster.memory):.1f} GiB less {headroom:.0%}); "
-                  f"{'all' if every else 'the best of each dp x tp x pp x cp' + (' x ep' if config.moe else '')} shown in ranked order (ties within 1%: fewer "
+                  f"{'all' if every else 'the best of each dp x tp x pp x cp' + (' x ep x etp' if config.moe else '')} shown in ranked order (ties within 1%: fewer "
                   f"model-parallel ranks, then less memory first). v: model chunks "
                   f"per pipeline rank (interleaved 1F1B when > 1); sp: sequence parallelism; micro x m: sequences "
                   f"per micro-batch x micro-batches per step.", highlight=False)

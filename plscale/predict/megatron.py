@@ -29,6 +29,9 @@ of its L/p layers under 1F1B, the whole model's L layers (interleaved over v chu
 one stage, also the final norm's and the head's input and the loss's fp32 logits: 4sbh(1 + V/h)
 (with sequence parallelism, all divided by t).
 
+Heads wider than h / a (ModelConfig.head_size, Qwen3): q and the attention's output keep 2sb x q_dim bytes
+each where the paper's keep 2sbh, and q and k norms (qk_norm) keep their inputs, 2sb (q_dim + kv_dim).
+
 A mixture of experts (Megatron-Core's dropless experts): each token's top_k routes each keep an MLP's
 4f/h, and the experts' input is each token permuted k times, 2ksbh where a dense MLP keeps its input
 once (the 2 of the 18): a layer keeps (18 + 2(k - 1) + 4kf/h) sbh, with sequence parallelism / t. Even
@@ -59,7 +62,10 @@ def layer_bytes(c: ModelConfig, seq: int, micro: int, tp: int = 1, sp: bool = Fa
     if c.moe:                           # top_k routes, each token's input permuted k times (module doc)
         mlp = c.top_k * mlp + 2 * (c.top_k - 1)
     kept = (18 + mlp) / t if sp else 10 + (8 + mlp) / t   # 34/t, or 10 + 24/t at f = 4h
-    return sbh * (kept + (0 if recompute == "selective" else scores / t))
+    # heads wider than h / a (Qwen3): q and the attention's output are q_dim wide, not h; q and k norms keep
+    # their inputs too (all split over the tp ranks' heads)
+    wider = 4 * (c.q_dim - c.hidden) + (2 * (c.q_dim + c.kv_dim) if c.qk_norm else 0)
+    return sbh * (kept + (0 if recompute == "selective" else scores / t)) + seq * micro * wider / t
 
 
 def first_stage_bytes(c: ModelConfig, seq: int, micro: int, tp: int = 1, pp: int = 1, sp: bool = False,

@@ -273,7 +273,8 @@ def _expert_terms(s: Setup) -> list[Term]:
     terms = [Term(d.name, d.device + e.device, d.host + e.host,
                   f"{named(d.formula, 'd', 'N')} + {named(e.formula.split(' (')[0], 'e', str(edp))}")
              for d, e in zip(ours, theirs)]
-    terms[0].formula += f" (Ψe: the rank's 1/{s.ep * s.expert_tp} of the experts, over {edp} ranks)"
+    terms[0].formula += f" (Ψe: the rank's 1/{s.ep * s.expert_tp} of the experts, held by {edp} rank" \
+                        f"{'s' if edp > 1 else ''})"
     return terms
 
 

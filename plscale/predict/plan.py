@@ -187,7 +187,7 @@ class Plan:
         return out
 
     def rank_of(self, layout: tuple) -> int | None:
-        """1-based place of a (dp, tp, pp, cp[, ep]) among best_per_layout; None when none of it fits."""
+        """1-based place of a (dp, tp, pp, cp[, ep, etp]) among best_per_layout; None when none of it fits."""
         for i, c in enumerate(self.best_per_layout(), 1):
             if c.layout == layout:
                 return i
@@ -284,6 +284,8 @@ def no_layout_reason(job: Job, gpu: GPU) -> str:
     if job.model.moe and fixed.get("etp", 1) != 1 and fixed["etp"] not in tp_degrees(job.model, job.gpus,
                                                                                      gpu.gpus_per_node):
         return f"{{etp}} {fixed['etp']}: the experts split over a tp the model allows, or not at all ({{etp}} 1)"
+    if job.model.moe and fixed.get("etp") == 1 and fixed.get("ep") == 1 and fixed.get("tp", 1) > 1:
+        return "whole experts ({etp} 1) on tensor-parallel ranks come with expert parallelism: raise {ep} or drop {etp}"
     if job.model.moe and "ep" in fixed:
         free = replace(job, fixed=tuple((k, v) for k, v in job.fixed if k not in ("ep", "etp")))
         grids = [d * t * c for d, t, _, c, _ in layouts(free, gpu)]
@@ -384,12 +386,14 @@ def rank(candidates: list[Candidate]) -> list[Candidate]:
 
 def why_faster(a: Candidate, b: Candidate) -> str:
     """Why a comes before b: a tie (and what broke it), or the term that differs most in a's favour."""
-    names = {"micro_batch": "micro-batch", "virtual": "v"}
+    names = {"micro_batch": "micro-batch", "virtual": "v", "expert_tp": "etp"}
     def shown(value):
         return ("on" if value else "off") if isinstance(value, bool) else value
     changed = ", ".join(f"{names.get(k, k)} {shown(getattr(a, k))} vs {shown(getattr(b, k))}" for k in
-                        ("dp", "tp", "pp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "virtual")
-                        if getattr(a, k) != getattr(b, k)) or "same layout"
+                        ("dp", "tp", "pp", "cp", "ep", "expert_tp", "sp", "zero", "recompute", "micro_batch",
+                         "virtual") if getattr(a, k) != getattr(b, k)
+                        and (k != "expert_tp" or max(a.ep, b.ep) > 1 and (a.expert_tp == 1) != (b.expert_tp == 1))) \
+        or "same layout"
     if a.tie == b.tie:
         fewer = model_parallel_ranks(a) < model_parallel_ranks(b)
         return (f"a tie (within {RESOLUTION:.0%} of the fastest of its group): "

@@ -100,6 +100,9 @@ def check_ep(ep: int, etp: int, tp: int, ranks: int, model: ModelConfig | None) 
     """One line unless ep x etp ranks can split the model's experts out of the `ranks` (tp x cp x dp) of a
     pipeline stage: Megatron-Core's expert grid, etp x ep x edp over the same ranks, etp 1 or tp."""
     if model is None or not model.moe:
+        if ep == 1:
+            raise PredictionError("etp", etp, ": the experts' tensor-parallel split, and this model's MLPs are "
+                                              "dense: drop {etp}.")
         raise PredictionError("ep", ep, ": expert parallelism splits a mixture of experts; this model's MLPs are "
                                         "dense: use {ep} 1.")
     if etp not in (1, tp):

@@ -171,7 +171,7 @@ def memory(
 
     table = Table(title=f"memory per rank: {model} ({params / 1e9:.3g}B parameters), ZeRO-{stage}, {precision}, "
                         f"{gpus} ranks = dp {dp} x tp {tp}{' (SP)' if sp else ''} x pp {pp}"
-                        f"{f' x cp {cp}' if cp > 1 else ''}{f', ep {ep} of the dp' if ep > 1 else ''}",
+                        f"{f' x cp {cp}' if cp > 1 else ''}{f', ep {ep}, etp {etp or tp}' if ep > 1 or etp else ''}",
                   title_justify="left")
     unit, scale = ("GiB", GiB) if result.total("device") + result.total("host") >= GiB else ("MiB", MiB)
     for column in ("", f"device {unit}", f"host {unit}", "formula"):
