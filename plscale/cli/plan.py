@@ -53,7 +53,7 @@ ASSUMPTIONS = [
     ("not modelled: fused kernels beyond one op, the network's lower efficiency on small messages, launch "
      "latency, uneven expert routing, token dropping, offload, fp8 beyond the matmuls (--fp8), zero-bubble schedules; "
      "checked against 49 published runs, it predicts dense H100 runs 13-30% faster than they ran, and Qwen3's "
-     "many small experts 25-34% faster (benchmarks/plan_validation.py)"),
+     "many small experts 24-33% faster (benchmarks/plan_validation.py)"),
 ]
 
 
