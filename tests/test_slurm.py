@@ -112,11 +112,13 @@ def test_ctrl_c_asks_before_cancelling_and_cancel_ends_the_job(submit):
         seen = []
         for line in process.stdout:  # until the ranks train
             seen.append(line)
-            if "/400 loss" in line:
+            if "/4000 loss" in line:
                 return process, seen
         raise AssertionError("".join(seen))
 
-    follower, seen = follow("submit", "zero2", *QUICK, SHARED, "--steps", "400")
+    # steps enough that the job still runs when Ctrl-C comes (400 tiny steps ended first on an idle machine);
+    # it is cancelled below, so they never all run
+    follower, seen = follow("submit", "zero2", *QUICK, SHARED, "--steps", "4000")
     follower.send_signal(signal.SIGINT)
     answer, _ = follower.communicate("n\n", timeout=60)  # "no": the job goes on
     assert follower.returncode == 130 and "Cancel job" in answer and "goes on" in answer, "".join(seen) + answer
