@@ -50,7 +50,7 @@ from plscale.errors import UserError
 from plscale.predict.cluster import GPU
 from plscale.predict.errors import PredictionError
 from plscale.predict.memory import Setup, estimate
-from plscale.predict.presets import ModelConfig, check_experts, flops_per_token, param_count
+from plscale.predict.presets import ModelConfig, check_moe_shape, flops_per_token, param_count
 from plscale.predict.step_time import LABELS, TERMS, efficiency, in_flight_ratio, step_terms
 from plscale.predict.tensor_parallel import check_divisible
 from plscale.predict.units import BYTES, gib
@@ -102,7 +102,7 @@ class Job:
                                   f" sequences of {self.seq:,} tokens is {self.global_batch * self.seq:,} tokens a step, "
                                   f"more than {MAX_TOKENS:,}: {{global_batch}} counts sequences, not tokens (Llama 3 "
                                   f"405B: 2,048 sequences of 8,192, 16M tokens).", show=f"{self.global_batch:,}")
-        check_experts(self.model)
+        check_moe_shape(self.model)
         if self.model.moe and self.activations == "plscale":
             raise PredictionError("activations", self.activations, ": plscale's Llama has no experts: count a "
                                   "mixture of experts' activations as Megatron-LM keeps them ({activations} megatron).")

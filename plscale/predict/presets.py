@@ -157,7 +157,7 @@ def flops_per_token(c: ModelConfig, seq: int) -> float:
     return 6 * matmul_weights + 12 * c.layers * seq * c.q_dim
 
 
-def check_experts(c: ModelConfig) -> None:
+def check_moe_shape(c: ModelConfig) -> None:
     """One line for a mixture of experts the counts above do not describe."""
     if c.experts < 1:
         raise PredictionError("experts", c.experts, ": use 1 (a dense MLP) or more experts.")

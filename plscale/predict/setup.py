@@ -25,7 +25,7 @@ from plscale.dsconfig.spec import PERSISTENCE_THRESHOLD
 from plscale.dsconfig.valid import require as require_valid_zero
 from plscale.errors import did_you_mean
 from plscale.predict.errors import PredictionError
-from plscale.predict.presets import ModelConfig, check_experts
+from plscale.predict.presets import ModelConfig, check_moe_shape
 from plscale.predict.tensor_parallel import check_divisible
 
 STRATEGIES = ("none", "selective", "full", "deepspeed")  # the one list: Setup, the CLI, the ranks, the lab
@@ -197,7 +197,7 @@ class Setup:
                                                    f"of {self.tp} with {{sp}}.")
         check_recompute(self.recompute, self.recompute_layers, self.model.layers if self.model else None)
         if self.model:
-            check_experts(self.model)
+            check_moe_shape(self.model)
         if self.model and self.model.moe and self.activations == "plscale":
             raise PredictionError("activations", self.activations, ": plscale's Llama has no experts: count a "
                                   "mixture of experts' activations as Megatron-LM keeps them ({activations} megatron).")
